@@ -1,9 +1,5 @@
-"""The stack catalog: what each serving stack runs, read from stack files (YAML).
-
-A *stack* (vLLM arguments, container environment, GPUs, Genesis needs) is one file: built-in
-ones ship in ``rigfleet/stacks/``, a user's live in host data ``stacks_dir``. Every file is
-validated when read (keys: ``rigfleet.catalog_keys``; docs/stacks.md). What is pinned lives in
-``rigfleet.pins``; ``rigfleet.compose`` puts stack, pins and host data together::
+"""The stack catalog: what each serving stack runs, one validated YAML file per stack (built-in
+in ``rigfleet/stacks/``, a user's in host data ``stacks_dir``; keys: docs/stacks.md)::
 
     spec = builtin_catalog().get("tq3-mtp-genesis")
     load_catalog(["inventory/stacks"]).names    # ('int8', 'my-stack', 'tq3-mtp-genesis')
@@ -89,8 +85,7 @@ class ImageRule:
         return have is not None and (low is None or have >= low) and (high is None or have < high)
 
     def problems(self, tag: str, version: str | None) -> list[str]:
-        """What is wrong with running ``tag`` reporting ``version`` (None: the tag alone), each
-        phrased to follow ``image <ref>``."""
+        """What is wrong with ``tag`` reporting ``version`` (None: unknown); follows ``image <ref>``."""
         out = []
         kind = tag_kind(tag)
         if kind not in self.kinds:
@@ -217,10 +212,6 @@ class StackSpec:
 
     compose_project = container_name  # the compose project is named as its one container
 
-    @property
-    def needs_genesis(self) -> bool:
-        return self.genesis is not None
-
     def environment(self, generation: str | None = None) -> dict[str, str]:
         """``env`` then the Genesis variables of ``generation``, a fresh dict."""
         if self.genesis is None or generation is None:
@@ -299,8 +290,7 @@ class Catalog:
 
 
 def entrypoint_script(layout: GenesisLayout, runtime_packages: tuple[str, ...]) -> str:
-    """The container's ``/bin/bash -c <script> -- <vllm args>``: check the mount and the baked
-    packages, apply Genesis (``set -e``: a failed patch stops the boot), serve."""
+    """The container's ``/bin/bash -c <script> -- <vllm args>`` (docs/genesis.md)."""
     check = layout.check_path_in_container
     lines = ["set -e", *refuse_if(
         f"[ ! -f {check} ]", f"Genesis patches missing: {check} not found; the host's Genesis "
@@ -461,12 +451,8 @@ def _managed_flag(arg: str) -> bool:
 def _gate_set(p: Problems, value: Any) -> list[str]:
     from rigfleet.hostside.verify.profiles import ProfileError, resolve
 
-    d = p.mapping("gate", value, required=False) or {}
-    raw = d.get("set")
-    if raw is None:  # left out (or `set:` blank): no overrides
-        return []
-    if not isinstance(raw, dict):
-        p.bad("gate.set", raw, allowed("gate.set"), "is not a mapping")
+    raw = p.named("gate.set", (p.mapping("gate", value, required=False) or {}).get("set"))
+    if not raw:
         return []
     sets = [f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in raw.items()]
     try:

@@ -45,7 +45,7 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
     model = pins.model_for(spec.model)
     if model.revision == UNRESOLVED:
         raise PinsError(f"{pins.path}: {model.key}.revision: is {UNRESOLVED!r}; {LOCK_HINT}")
-    if spec.needs_genesis and stack_pins.genesis is None:
+    if spec.genesis is not None and stack_pins.genesis is None:
         raise PinsError(f"{pins.path}: stacks.{spec.name}.genesis: missing; the stack needs it")
 
     layout = GENERATIONS[stack_pins.genesis.layout] if stack_pins.genesis is not None else None
@@ -57,7 +57,7 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
     weights = HOST.weights_dir(host.model_dir, local_dir, model.revision)
     volumes = [f"{weights}:{spec.model_path(local_dir)}:ro"]
     volumes += [f"{src}:{dst}" for src, dst in spec.cache_dirs.items()]
-    if spec.needs_genesis and stack_pins.genesis is not None and layout is not None:
+    if spec.genesis is not None and stack_pins.genesis is not None and layout is not None:
         tree = str(HOST.genesis_tree(stack_pins.genesis.commit))
         volumes.append(f"{layout.mount_source(tree)}:{layout.mount_target}:ro")
 
@@ -78,7 +78,7 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
         "container_name": spec.container_name,
         # Never restarted in place: the supervisor recreates a dead engine (docs/swap.md).
         "restart": "no",
-        "entrypoint": list(spec.entrypoint(layout if spec.needs_genesis else None)),
+        "entrypoint": list(spec.entrypoint(layout if spec.genesis else None)),
         "command": spec.command(local_dir),
         "environment": environment,
         "env_file": [str(HOST.vllm_env_file)],

@@ -421,11 +421,11 @@ class _Checker(Problems):
         digest = self.pinned(f"{base}.digest", d.get("digest"), DIGEST, allow_unresolved=True)
         version = self.vllm_version(f"{base}.vllm_version", d.get("vllm_version"), image)
         image_id = self.string(f"{base}.image_id", d.get("image_id"), DIGEST, required=False)
-        genesis = self.genesis(f"{base}.genesis", d.get("genesis")) if spec.needs_genesis else None
-        if not spec.needs_genesis and "genesis" in d:
+        genesis = self.genesis(f"{base}.genesis", d.get("genesis")) if spec.genesis else None
+        if spec.genesis is None and "genesis" in d:
             self.bad(f"{base}.genesis", d["genesis"], "no 'genesis' key for this stack",
                      f"is set but stack {name} does not use Genesis")
-        elif image and digest and version and (genesis or not spec.needs_genesis):
+        elif image and digest and version and (genesis or spec.genesis is None):
             return StackPins(name, image, digest, version, genesis, image_id)
         return None
 

@@ -177,7 +177,7 @@ def genesis(ctx: HostContext) -> None:
     gates = [(name, s.pins, s.pins.genesis, StackUse.of(s.spec, s.pins.genesis.layout,
                                                         ctx.want.settings.env_for(name)))
              for name, s in sorted(ctx.want.stacks.items())
-             if s.spec.needs_genesis and s.pins.genesis is not None]  # fmt: skip
+             if s.spec.genesis is not None and s.pins.genesis is not None]  # fmt: skip
     for name, staged, g, use in host.loop(gates):
         genesis_gate(name=f"Genesis compatibility of vLLM {staged.vllm_version}", stack=name,
                      image_ref=staged.local_image, digest=staged.digest,
