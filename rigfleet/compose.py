@@ -48,8 +48,9 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
     if spec.genesis is not None and stack_pins.genesis is None:
         raise PinsError(f"{pins.path}: stacks.{spec.name}.genesis: missing; the stack needs it")
 
-    layout = GENERATIONS[stack_pins.genesis.layout] if stack_pins.genesis is not None else None
-    environment = spec.environment(layout.generation if layout else None)
+    generation = stack_pins.genesis.layout if stack_pins.genesis is not None else None
+    layout = GENERATIONS[generation] if generation else None
+    environment = spec.environment(generation)
     # Host extras last: they may override catalog values (the testbed injects faults so).
     environment.update(sorted(host.env_for(spec.name).items()))
 

@@ -41,13 +41,10 @@ def refuse_if(test: str, why: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class GenesisLayout:
-    """One Genesis generation (docs/genesis.md's table): where its tree keeps what rigfleet
-    reads, how Genesis reads its switches, how a container mounts (``mount``: the part of the tree
-    at ``mount_target``; ``""``: all) and applies it. ``check_file`` must exist (an empty mount
-    would make applying a silent no-op); ``strips_prefix``: an unprefixed ``env_flag`` is a bare
+    """One Genesis generation (docs/genesis.md's table). ``mount``: the part of the tree mounted
+    at ``mount_target`` (``""``: all); ``strips_prefix``: an unprefixed ``env_flag`` is a bare
     switch name (v12); ``flags_file``: whose ``Flags`` class names every switch Genesis reads."""
 
-    generation: str
     check_file: str
     allowlist_file: str
     registry_file: str
@@ -72,7 +69,6 @@ class GenesisLayout:
 
 GENERATIONS: dict[str, GenesisLayout] = {
     "v7": GenesisLayout(
-        generation="v7",
         check_file="vllm/_genesis/patches/apply_all.py",
         allowlist_file="vllm/_genesis/guards.py",
         registry_file="vllm/_genesis/dispatcher.py",
@@ -86,7 +82,6 @@ GENERATIONS: dict[str, GenesisLayout] = {
     ),
     # v12 is mounted whole, linked into site-packages (docs/genesis.md says why).
     "v12": GenesisLayout(
-        generation="v12",
         check_file="sndr/apply/__main__.py",
         allowlist_file="sndr/engines/vllm/detection/guards.py",
         registry_file="sndr/dispatcher/registry.py",
