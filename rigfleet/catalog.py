@@ -225,15 +225,18 @@ class StackSpec:
         assert layout is not None, f"stack {self.name}: needs Genesis, but no layout given"
         return ("/bin/bash", "-c", entrypoint_script(layout, self.genesis.runtime_packages), "--")
 
-    @property
-    def vllm_args(self) -> tuple[str, ...]:
-        """``vllm serve`` arguments after ``--model <path>`` (all values as strings)."""
+    def model_path(self, local_dir: str) -> str:
+        return f"{MODEL_ROOT_IN_CONTAINER}/{local_dir}"
+
+    def command(self, local_dir: str) -> list[str]:
+        """The ``vllm serve`` argument list (``local_dir``: the model pin's), all strings."""
         # Compact JSON, exactly as club-3090 passes it.
         config = {"method": self.speculative_method,
                   "num_speculative_tokens": self.num_speculative_tokens}
         spec = (("--speculative-config", json.dumps(config, separators=(",", ":")))
                 if self.speculative_method else ())
-        return (
+        return [
+            "--model", self.model_path(local_dir),
             "--served-model-name", self.served_model_name,
             *self.args,
             "--tensor-parallel-size", str(self.tensor_parallel_size),
@@ -245,14 +248,7 @@ class StackSpec:
             *spec,
             "--host", "0.0.0.0",
             "--port", str(VLLM_PORT_IN_CONTAINER),
-        )  # fmt: skip
-
-    def model_path(self, local_dir: str) -> str:
-        return f"{MODEL_ROOT_IN_CONTAINER}/{local_dir}"
-
-    def command(self, local_dir: str) -> list[str]:
-        """The full argument list given to the entrypoint (``local_dir``: the model pin's)."""
-        return ["--model", self.model_path(local_dir), *self.vllm_args]
+        ]  # fmt: skip
 
     @property
     def cache_dirs(self) -> dict[str, str]:

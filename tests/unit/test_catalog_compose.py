@@ -173,7 +173,7 @@ def test_stack_args_match_club3090(name: str, util: str, batched: str, kv: str) 
         "--host", "0.0.0.0",
         "--port", "8000",
     ]  # fmt: skip
-    args = spec.vllm_args
+    args = spec.command("qwen3.6-27b-autoround-int4")
     # The gate reads spec-decode metrics; we ship no chat template file.
     assert "--disable-log-stats" not in args and "--chat-template" not in args
     assert all(isinstance(a, str) for a in args)
