@@ -1,9 +1,5 @@
-"""Whether a Genesis tree suits a stack: every Genesis decision of docs/genesis.md.
-
-``TreeReport`` types what ``rigfleet-genesis-inspect.py`` reports about one tree;
-``pairing_problems`` is the Genesis gate's decision for one stack, the same on the host
-(``roles/genesis.py``) and on the control side (``pins lock``, ``bump``); ``decision_problems``
-names the correctness patches a stack file leaves undecided (read from ``PATCH_REGISTRY``)::
+"""Whether a Genesis tree suits a stack: every Genesis decision of docs/genesis.md, the same on
+the host (``roles/genesis.py``) and on the control side (``pins lock``, ``bump``)::
 
     report = TreeReport.from_json(json.loads(helper_stdout))
     pairing_problems(report, pin, stack="tq3-mtp-genesis", vllm_version="0.21.0",
