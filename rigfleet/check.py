@@ -1,8 +1,5 @@
-"""``rigfleet check``: every problem of the hosts' data, pins and stack files at once, without
-reaching a host; ``--online`` asks each pinned thing's source from this machine (images, the
-model, Genesis commits, the driver and toolkit in ``apt_repos`` per OS): ``found``, ``changed``,
-``missing``, ``unreachable`` (both exit 1) or ``unchecked``. ``pins lock``, the bump and the
-deploy run the same checks: missing refuses, unreachable warns::
+"""``rigfleet check``: every problem of the hosts' data, pins and stack files at once; with
+``--online``, each pinned thing asked of its source (docs/operations.md)::
 
     rigfleet check --inventory inventory/home.py [--online] [--json]
 """
@@ -59,8 +56,7 @@ class Finding:
 
 
 def host_os(value: Any) -> list[OsKey]:
-    """The OSes host data ``os`` names (None: every supported one; host data's own check
-    refuses a value that names none)."""
+    """The OSes host data ``os`` names; every supported one when it names none (None)."""
     named = None if value is None else os_named(value)
     return [named] if named else [(i, v, c) for (i, v), c in SUPPORTED_OS.items()]
 
@@ -342,8 +338,7 @@ class Online:
 
 
 def _version_order(version: str) -> list[str | int]:
-    """A sort key of package versions by their numbers (as the host's ``sort -V``): 580.95.05-1
-    before 580.105.08-1."""
+    """A sort key by a version's numbers, as ``sort -V`` (580.95.05-1 before 580.105.08-1)."""
     return [int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", version))]
 
 
