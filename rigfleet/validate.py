@@ -66,8 +66,7 @@ def secret_like(name: str) -> bool:
 
 
 def env_vars(p: Problems, key: str, env: Any, allowed: str, secret: str = "") -> dict[str, str]:
-    """A container environment ``NAME: value`` (None: empty); ``secret``: why a secret's name
-    is refused."""
+    """A container environment ``NAME: value`` (None: empty); ``secret``: why secrets are refused."""
     if env is None:
         return {}
     if not isinstance(env, Mapping):
@@ -132,8 +131,7 @@ class Problems:
         self.lines.append(f"{self.where}: {line}")
 
     def control_chars(self, key: str, value: Any) -> bool:
-        """Record every string in ``value`` (nested, keys included) that holds a control
-        character; True when one was found."""
+        """Record each string (nested, keys too) with a control character; True if any."""
         if isinstance(value, str):
             if has_control(value):
                 self.bad(key, value, _PRINTABLE, "holds control characters")
