@@ -85,7 +85,7 @@ class ImageRule:
         return have is not None and (low is None or have >= low) and (high is None or have < high)
 
     def problems(self, tag: str, version: str | None) -> list[str]:
-        """What is wrong with ``tag`` reporting ``version`` (None: unknown); follows ``image <ref>``."""
+        """Problems of ``tag`` reporting ``version`` (None: unknown), to follow ``image <ref>``."""
         out = []
         kind = tag_kind(tag)
         if kind not in self.kinds:

@@ -66,7 +66,7 @@ def secret_like(name: str) -> bool:
 
 
 def env_vars(p: Problems, key: str, env: Any, allowed: str, secret: str = "") -> dict[str, str]:
-    """A container environment ``NAME: value`` (None: empty); ``secret``: why secrets are refused."""
+    """Container environment ``NAME: value`` (None: empty); ``secret``: why secrets are refused."""
     if env is None:
         return {}
     if not isinstance(env, Mapping):
