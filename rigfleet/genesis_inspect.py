@@ -16,6 +16,7 @@ import ast
 import json
 import re
 import sys
+from collections import Counter
 from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass
@@ -230,10 +231,8 @@ def parse_registry(text: str, where: str, files: GenesisLayout) -> dict[str, Any
     registry = registry_literal(text, where)
     switches: dict[str, list[list[str]]] = {}
     patches: dict[str, list[Any]] = {}
-    lifecycles: dict[str, int] = {}
     for pid, meta in registry.items():
         state = lifecycle(meta)
-        lifecycles[state] = lifecycles.get(state, 0) + 1
         flag = meta.get("env_flag")
         patches[pid] = [flag if isinstance(flag, str) else None, state,
                         bool(meta.get("default_on"))]  # fmt: skip
@@ -242,7 +241,7 @@ def parse_registry(text: str, where: str, files: GenesisLayout) -> dict[str, Any
     return {
         "file": files.registry_file,
         "patches": len(registry),
-        "lifecycles": dict(sorted(lifecycles.items())),
+        "lifecycles": dict(sorted(Counter(state for _, state, _ in patches.values()).items())),
         "switch_prefixes": list(files.switch_prefixes),
         "retired_skipped": files.retired_skipped,
         "switches": dict(sorted(switches.items())),
@@ -266,8 +265,7 @@ def parse_version(text: str, files: GenesisLayout) -> str | None:
     raw: object = None
     if files.version_file.endswith(".toml"):
         section = ""
-        for line in text.splitlines():
-            stripped = line.strip()
+        for stripped in map(str.strip, text.splitlines()):
             if stripped.startswith("["):
                 section = stripped
             elif section == "[project]" and (m := _TOML_VERSION.fullmatch(stripped)):
