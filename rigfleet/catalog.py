@@ -274,11 +274,9 @@ class Catalog:
 
     def get(self, name: str) -> StackSpec:
         """An unknown name raises ``CatalogError`` listing the known ones."""
-        try:
-            return self.stacks[name]
-        except (KeyError, TypeError):
-            raise CatalogError(
-                f"unknown stack {name!r}; allowed: {', '.join(self.names)}") from None
+        if name not in self:
+            raise CatalogError(f"unknown stack {name!r}; allowed: {', '.join(self.names)}")
+        return self.stacks[name]
 
     def ports(self) -> dict[int, str]:
         """Loopback port -> stack name (each stack has its own)."""
