@@ -1,10 +1,7 @@
 #!/usr/bin/env python3
-"""Everything rigfleet needs to know about a Genesis tree, read from its source with ``ast``,
-and the one table of the Genesis layouts (``GENERATIONS``: files, switches, container mount).
-
-Stdlib only: installed on each host as ``rigfleet-genesis-inspect.py`` (the gate runs it on an
-exported tree); the control side imports it and parses files from its git mirror. Nothing in
-the tree is imported or run. docs/genesis.md, "The host helper", shows its JSON::
+"""Everything rigfleet needs to know about a Genesis tree, read from its source with ``ast``
+(nothing in it runs), and the one table of the Genesis layouts (``GENERATIONS``). Stdlib only:
+hosts run it as ``rigfleet-genesis-inspect.py`` (docs/genesis.md, "The host helper")::
 
     rigfleet-genesis-inspect.py /opt/rigfleet/genesis-trees/<commit>   # {"layout": "v12", ...}
     inspect(DirSource("/tmp/genesis"))["layout"]                      # 'v7'

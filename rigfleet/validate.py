@@ -2,9 +2,8 @@
 
 A ``Problems`` collects every problem in one pass, each one line:
 ``<file or host>: <key.path>: <value> <what is wrong>; allowed: <what would do>``. Checks
-return the checked value or ``None`` (the problem recorded); with a key table
-(``rigfleet.keytable``) the ``allowed:`` texts and a mapping's keys come from it. ``load_yaml``
-reads YAML strictly: UTF-8 only, no duplicate keys::
+return the checked value or ``None`` (the problem recorded). ``load_yaml`` reads YAML strictly:
+UTF-8 only, no duplicate keys::
 
     p = Problems("pins.yaml", pin_keys.TABLE)
     top = p.mapping("", data)
