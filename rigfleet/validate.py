@@ -131,22 +131,19 @@ class Problems:
 
     def control_chars(self, key: str, value: Any) -> bool:
         """Record each string (nested, keys too) with a control character; True if any."""
-        if isinstance(value, str):
-            if has_control(value):
-                self.bad(key, value, _PRINTABLE, "holds control characters")
-            return has_control(value)
-        found = False
-        if isinstance(value, dict):
+        before = len(self.lines)
+        if isinstance(value, str) and has_control(value):
+            self.bad(key, value, _PRINTABLE, "holds control characters")
+        elif isinstance(value, dict):
             for k, v in value.items():
                 if isinstance(k, str) and has_control(k):
                     self.bad(key, k, _PRINTABLE, "is a key holding control characters")
-                    found = True
                 else:
-                    found = self.control_chars(f"{key}.{k}" if key else str(k), v) or found
+                    self.control_chars(f"{key}.{k}" if key else str(k), v)
         elif isinstance(value, list | tuple):
             for i, item in enumerate(value):
-                found = self.control_chars(f"{key}[{i}]", item) or found
-        return found
+                self.control_chars(f"{key}[{i}]", item)
+        return len(self.lines) > before
 
     def section(self, key: str) -> str:
         assert self.table is not None
