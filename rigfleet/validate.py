@@ -167,9 +167,7 @@ class Problems:
             keys = self.table.keys_of(self.section(key))
         allowed = list(keys)
         shape = f"a mapping with keys {', '.join(allowed)}"
-        if value is None:
-            if required:
-                self.missing(key or "top level", shape)
+        if self.absent(key or "top level", value, shape, required):
             return None
         if not isinstance(value, dict):
             self.bad(key, value, shape, "is not a mapping")
