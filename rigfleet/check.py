@@ -411,8 +411,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from rigfleet.cliargs import fleet_hosts
     from rigfleet.tables import show
 
-    hosts = fleet_hosts(args)
-    checked = offline(hosts)
+    checked = offline(fleet_hosts(args))
     run = Online(reach=reacher(args.reach), timeout=args.timeout)
     if args.online:
         for settings, pins, oses in checked.hosts.values():

@@ -127,8 +127,7 @@ class TreeReport:
 
     def patch_id(self, name: str) -> str | None:
         """The registry's spelling of patch id ``name`` (``P60B`` -> ``P60b``), or None."""
-        wanted = name.upper()
-        return next((p for p in self.patch_flags if p.upper() == wanted), None)
+        return next((p for p in self.patch_flags if p.upper() == name.upper()), None)
 
     def targets(self, name: str) -> tuple[Switch, ...]:
         """What variable ``name`` switches in this tree (none: not a switch it reads)."""

@@ -78,10 +78,9 @@ class Verdict:
 def check_command(image: str, argv: Sequence[str], env_names: Iterable[str]) -> str:
     """The shell command that asks ``image``'s vLLM about ``argv`` and ``env_names``."""
     names = json.dumps(sorted(set(env_names)), separators=(",", ":"))
-    words = ["docker", "run", "--rm", "--pull", "never", "--network", "none",
-             "--entrypoint", "python3", "-e", "NVIDIA_VISIBLE_DEVICES=void", image,
-             "-c", CHECK_SCRIPT, names, *argv]
-    return shlex.join(words)
+    return shlex.join(["docker", "run", "--rm", "--pull", "never", "--network", "none",
+                       "--entrypoint", "python3", "-e", "NVIDIA_VISIBLE_DEVICES=void", image,
+                       "-c", CHECK_SCRIPT, names, *argv])
 
 
 def parse_output(ok: bool, stdout: Sequence[str], stderr: Sequence[str]) -> Verdict:
