@@ -1,9 +1,6 @@
-"""A stack's ``vllm serve`` arguments and ``VLLM_*`` settings, checked by the pinned image itself.
-
-Releases rename and drop flags, and argparse then refuses the whole command line at boot. So
-when a stack is staged, the deploy runs the pinned image (no network, no GPU) with
-:data:`CHECK_SCRIPT`: vLLM's own ``make_arg_parser`` parses the exact arguments, and
-``vllm.envs.environment_variables`` tells which ``VLLM_*`` names it defines::
+"""A stack's ``vllm serve`` arguments and ``VLLM_*`` settings, checked by the pinned image's own
+vLLM (releases rename and drop flags): :data:`CHECK_SCRIPT` runs there with no network and no
+GPU (docs/stacks.md)::
 
     cmd = check_command(image, spec.command(local_dir), environment)
     verdict = parse_output(ok, stdout_lines, stderr_lines)
