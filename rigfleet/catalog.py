@@ -50,8 +50,6 @@ MANAGED_FLAGS = (
     "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens",
     "--kv-cache-dtype", "--speculative-config", "--host", "--port",
 )  # fmt: skip
-# vLLM's short aliases of those (vllm/engine/arg_utils.py: "--tensor-parallel-size", "-tp").
-MANAGED_ALIASES = {"-tp": "--tensor-parallel-size"}
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
 HF_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -434,12 +432,13 @@ def _entries(p: Problems, key: str, value: Any) -> list[dict[str, str]]:
 def _managed_flag(arg: str) -> bool:
     """Does vLLM's parser read ``arg`` as one of ``MANAGED_FLAGS``?"""
     # --max_model_len is --max-model-len; --speculative-config.method a key of
-    # --speculative-config; -tp an alias; argparse takes a flag's unique prefix (--max-model).
+    # --speculative-config; -tp vLLM's alias of --tensor-parallel-size (engine/arg_utils.py);
+    # argparse takes a flag's unique prefix (--max-model).
     name = arg.split("=", 1)[0]
     if name.startswith("--"):
         name = name.split(".", 1)[0].replace("_", "-")
     return name.startswith("-") and name.lstrip("-") != "" and any(
-        flag.startswith(name) for flag in (*MANAGED_FLAGS, *MANAGED_ALIASES))
+        flag.startswith(name) for flag in (*MANAGED_FLAGS, "-tp"))
 
 
 def _gate_set(p: Problems, value: Any) -> list[str]:
