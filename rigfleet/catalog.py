@@ -497,8 +497,7 @@ def _speculative(p: Problems, value: Any) -> tuple[str | None, int]:
         return None, 0
     d = p.mapping("vllm.speculative", value) or {}
     method = p.choice("vllm.speculative.method", d.get("method"), SPECULATIVE_METHODS)
-    n = p.integer("vllm.speculative.num_speculative_tokens", d.get("num_speculative_tokens"),
-                  1, 16)
+    n = p.integer("vllm.speculative.num_speculative_tokens", d.get("num_speculative_tokens"), 1, 16)
     return method, n or 0
 
 
