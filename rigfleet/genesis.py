@@ -141,16 +141,15 @@ def truthy(value: str) -> bool:
 
 @dataclass(frozen=True)
 class StackUse:
-    """How one stack uses Genesis: its container environment (``file_env``, then the host's
+    """How stack ``spec`` uses Genesis: its container environment (``file_env``, then the host's
     ``extra_env`` names ``host_env``) and the patches it ``needs``."""
 
-    stack: str
+    spec: StackSpec
     generation: str
     env: Mapping[str, str]
     host_env: frozenset[str] = frozenset()
     switches_on: frozenset[str] = frozenset()
     needs: tuple[str, ...] = ()
-    source: str = ""
     file_env: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -168,23 +167,22 @@ class StackUse:
         on = spec.genesis.switches[generation][0]
         file_env = spec.environment(generation)
         return cls(
-            stack=spec.name,
+            spec=spec,
             generation=generation,
             env={**file_env, **extra},
             host_env=frozenset(extra),
             switches_on=frozenset(f"GENESIS_ENABLE_{s}" for s in on),
             needs=spec.genesis.needs,
-            source=spec.source,
             file_env=file_env,
         )
 
     def fix(self, name: str) -> str:
         """Where ``name`` is set, as "remove it from ..."."""
         if name in self.host_env:
-            return f"remove it from host data extra_env.{self.stack} (or set it to 0)"
+            return f"remove it from host data extra_env.{self.spec.name} (or set it to 0)"
         where = (f"the stack file's genesis.switches.{self.generation}.on"
                  if name in self.switches_on else "the stack file's env")
-        return f"remove it from {where}" + (f" ({self.source})" if self.source else "")
+        return f"remove it from {where}" + (f" ({self.spec.source})" if self.spec.source else "")
 
     @property
     def allows_retired(self) -> bool:
@@ -223,7 +221,7 @@ def switch_problems(report: TreeReport, use: StackUse, *, label: str) -> list[st
         if prefix is None or not truthy(value):
             continue
         suffix = name[len(prefix):]
-        head = f"stack {use.stack}: {name}={value}: "
+        head = f"stack {use.spec.name}: {name}={value}: "
         targets = report.targets(name)
         if not targets:
             if prefix not in report.switch_prefixes or suffix not in report.flags:
@@ -266,7 +264,7 @@ def needs_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str
           for t in report.targets(name)}  # fmt: skip
     for need in use.needs:
         pid = report.patch_id(need)
-        head = f"stack {use.stack}: needs Genesis patch {need}"
+        head = f"stack {use.spec.name}: needs Genesis patch {need}"
         if pid is None:
             problems.append(f"{head}, which Genesis {label} does not have (not in "
                             f"{report.registry_file}); pin a Genesis commit that has it")
@@ -283,7 +281,7 @@ def needs_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str
             problems.append(f"{head}, but no switch that turns it on is set to 1 (Genesis {label} "
                             f"switches it with {', '.join(names) or flag}); add it to the stack "
                             f"file's genesis.switches.{use.generation}.on"
-                            + (f" ({use.source})" if use.source else ""))
+                            + (f" ({use.spec.source})" if use.spec.source else ""))
     return problems
 
 
