@@ -1,8 +1,5 @@
-"""Every stack-file key, described once (``rigfleet.keytable``); regenerate docs/stacks.md
-after changing the table::
-
-    .venv/bin/python -m rigfleet.stack_docs docs/stacks.md
-"""
+"""Every stack-file key, described once (``rigfleet.keytable``); ``rigfleet.stack_docs`` writes
+docs/stacks.md from it (rerun it after changing the table)."""
 
 from __future__ import annotations
 
