@@ -1,7 +1,5 @@
-"""Render one stack's compose file from the catalog, the pins and the host's settings
-(docs/architecture.md). The text is deterministic; the ``io.rigfleet.config-hash`` label tells
-whether a running container came from the current file, and the weights mount from the pinned
-revision's own directory, so a rollback mounts the revision it served::
+"""Render one stack's compose file from the catalog, the pins and the host's settings: a
+deterministic text (its config-hash label and weights mount: docs/converge.md)::
 
     text = render_document(compose_document(builtin_catalog().get("int8"), pins, settings))
 """
