@@ -1,7 +1,5 @@
-"""A table of file keys, each described once, and the docs section rendered from it.
-
-``rigfleet.pin_keys`` and ``rigfleet.catalog_keys`` are such tables: validators take the keys
-each section allows, the ``allowed:`` texts and defaults from them::
+"""A table of file keys (``rigfleet.pin_keys``, ``rigfleet.catalog_keys``), each described once:
+validators take each section's keys, ``allowed:`` texts and defaults from it, docs a section::
 
     TABLE = KeyTable(KEYS, BEGIN, END)
     TABLE.keys_of("driver"), TABLE.allowed("driver.branch"), TABLE.reference()
