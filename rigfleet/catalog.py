@@ -404,10 +404,9 @@ def _image_rule(p: Problems, value: Any) -> ImageRule:
 
 def _entries(p: Problems, key: str, value: Any) -> list[dict[str, str]]:
     """A list of mappings of strings (``boot.expect``, ``caveats``); a ``pattern`` compiles."""
-    if value is None:
-        return []
     if not isinstance(value, list):
-        p.bad(key, value, allowed(key))
+        if value is not None:
+            p.bad(key, value, allowed(key))
         return []
     out = []
     for i, entry in enumerate(value):

@@ -66,10 +66,9 @@ def secret_like(name: str) -> bool:
 
 def env_vars(p: Problems, key: str, env: Any, allowed: str, secret: str = "") -> dict[str, str]:
     """Container environment ``NAME: value`` (None: empty); ``secret``: why secrets are refused."""
-    if env is None:
-        return {}
     if not isinstance(env, Mapping):
-        p.bad(key, env, allowed)
+        if env is not None:
+            p.bad(key, env, allowed)
         return {}
     out: dict[str, str] = {}
     for name, v in env.items():
