@@ -73,7 +73,7 @@ def compose_document(spec: StackSpec, pins: Pins, host: HostSettings) -> dict[st
     runtime = RuntimeImage.for_stack(spec, stack_pins)
     service: dict[str, Any] = {
         # As the deploy staged and verified it; never pulled here (docs/swap.md).
-        "image": runtime.ref if runtime else stack_pins.local_image,
+        "image": runtime.ref if runtime else stack_pins.image,
         "container_name": spec.container_name,
         # Never restarted in place: the supervisor recreates a dead engine (docs/swap.md).
         "restart": "no",

@@ -185,31 +185,27 @@ def check_pinned(settings: HostSettings, pins: Pins) -> None:
 
 def check_switch_sets(settings: HostSettings, pins: Pins, staged: list[StackSpec]) -> None:
     """Each staged Genesis stack's file must have a switch set for its pinned layout."""
-    problems = []
-    for spec in staged:
-        genesis = pins.stacks[spec.name].genesis
-        if (spec.genesis is not None and genesis is not None
-                and genesis.layout not in spec.genesis.switches):
-            problems.append(
-                f"{settings.name}: stack {spec.name}: {spec.source}: genesis.switches has no "
-                f"{genesis.layout!r} set, but {pins.path} pins Genesis {genesis.label} with "
-                f"the {genesis.layout} layout; allowed: add genesis.switches.{genesis.layout} "
-                f"to the stack file (have: {', '.join(spec.genesis.switches) or 'none'}), or "
-                "pin a Genesis commit with a layout it has")
+    problems = [
+        f"{settings.name}: stack {spec.name}: {spec.source}: genesis.switches has no "
+        f"{genesis.layout!r} set, but {pins.path} pins Genesis {genesis.label} with "
+        f"the {genesis.layout} layout; allowed: add genesis.switches.{genesis.layout} "
+        f"to the stack file (have: {', '.join(spec.genesis.switches) or 'none'}), or "
+        "pin a Genesis commit with a layout it has"
+        for spec in staged if spec.genesis is not None
+        and (genesis := pins.stacks[spec.name].genesis) is not None
+        and genesis.layout not in spec.genesis.switches]
     if problems:
         raise PinsError(problems)
 
 
 def check_image_rules(settings: HostSettings, pins: Pins, staged: list[StackSpec]) -> None:
     """Each staged stack's pinned image must be one its stack file's ``image`` rule allows."""
-    problems = []
-    for spec in staged:
-        pinned = pins.stacks[spec.name]
-        for problem in spec.image.problems(pinned.tag, pinned.vllm_version):
-            problems.append(
-                f"{settings.name}: {pins.path}: stacks.{spec.name}: image {pinned.image} "
-                f"{problem} ({spec.source}: image); allowed: an image the stack file allows "
-                f"(`rigfleet bump --latest --stack {spec.name} --dry` proposes one)")
+    problems = [
+        f"{settings.name}: {pins.path}: stacks.{spec.name}: image {pinned.image} "
+        f"{problem} ({spec.source}: image); allowed: an image the stack file allows "
+        f"(`rigfleet bump --latest --stack {spec.name} --dry` proposes one)"
+        for spec in staged for pinned in [pins.stacks[spec.name]]
+        for problem in spec.image.problems(pinned.tag, pinned.vllm_version)]
     if problems:
         raise PinsError(problems)
 

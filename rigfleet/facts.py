@@ -307,26 +307,13 @@ class PlatformState:
 
 
 class Platform(FactBase[PlatformState]):
-    """``key=value`` lines on init, architecture, Secure Boot and the driver's origin; every
-    part tolerates an absent tool."""
+    """``commands.nvidia.PLATFORM_REPORT``'s ``key=value`` lines."""
 
     default = PlatformState
 
     @override
     def command(self) -> str:
-        mok = shlex.quote(nvidia_commands.DKMS_MOK_CERT)
-        return ('echo "pid1=$(cat /proc/1/comm 2>/dev/null)"; '
-                "if [ -d /run/systemd/system ]; then echo systemd=yes; else echo systemd=no; fi; "
-                'echo "arch=$(dpkg --print-architecture 2>/dev/null)"; '
-                "if command -v mokutil >/dev/null 2>&1; then "
-                "mokutil --sb-state 2>&1 | sed 's/^/sb=/'; "
-                f"if [ -f {mok} ]; then echo mok_cert={mok}; "
-                f"mokutil --test-key {mok} 2>&1 | sed 's/^/mok=/'; fi; "
-                f"else [ -f {mok} ] && echo mok_cert={mok}; echo mokutil=missing; fi; "
-                f"if [ -e {nvidia_commands.RUN_UNINSTALLER} ]; then echo run_uninstaller=yes; fi; "
-                "if p=$(command -v nvidia-smi 2>/dev/null); then echo \"smi=$p\"; "
-                "echo \"smi_owner=$(dpkg -S \"$(readlink -f \"$p\")\" \"$p\" 2>/dev/null "
-                "| grep -v '^diversion' | head -n 1 | cut -d: -f1)\"; fi; true")
+        return nvidia_commands.PLATFORM_REPORT
 
     @override
     def process(self, output: list[str]) -> PlatformState:
@@ -335,22 +322,15 @@ class Platform(FactBase[PlatformState]):
             key, sep, value = line.strip().partition("=")
             if sep:
                 values.setdefault(key, []).append(value.strip())
-
-        def one(key: str) -> str:
-            return (values.get(key) or [""])[0]
-
+        one = {key: found[0] for key, found in values.items()}
         sb_detail = " ".join(values.get("sb", []))
         no_mokutil = "mokutil" in values and not sb_detail
         return PlatformState(
-            pid1=one("pid1"),
-            systemd=one("systemd") == "yes",
-            arch=one("arch"),
+            **{key: one.get(key, "") for key in ("pid1", "arch", "mok_cert", "smi", "smi_owner")},
+            systemd=one.get("systemd") == "yes",
             secure_boot="unknown" if no_mokutil else _state(sb_detail, _SECURE_BOOT),
-            mok_cert=one("mok_cert"),
-            mok=_state(" ".join(values.get("mok", [])), _MOK) if one("mok_cert") else "unknown",
-            run_uninstaller=one("run_uninstaller") == "yes",
-            smi=one("smi"),
-            smi_owner=one("smi_owner"),
+            mok=_state(" ".join(values.get("mok", [])), _MOK) if one.get("mok_cert") else "unknown",
+            run_uninstaller=one.get("run_uninstaller") == "yes",
         )
 
 
@@ -372,10 +352,7 @@ class ModuleRejections(FactBase[list[str]]):
 
     @override
     def command(self) -> str:
-        pattern = shlex.quote(nvidia_commands.KEY_REJECTED_PATTERN)
-        return (f"since=$({nvidia_commands.SYSTEM_START} 2>/dev/null); "
-                f"{{ journalctl -b -q --no-pager ${{since:+--since @$since}} 2>/dev/null "
-                f"|| dmesg 2>/dev/null; }} | grep -E {pattern} | head -n 3; true")
+        return nvidia_commands.MODULE_REJECTIONS
 
     @override
     def process(self, output: list[str]) -> list[str]:

@@ -45,11 +45,7 @@ from rigfleet.image_sources import DEFAULT_SOURCES, KINDS, ImageSource, parse_so
 from rigfleet.tlsfiles import FrontTls, check_tls
 from rigfleet.validate import GIT_URL, ValidationError
 
-CHECK_INTERVAL_RANGE_S = (0.5, 30.0)
-RETRY_BUFFER_RANGE_KIB = (16, 1024)
-_URL = URL_ALLOWED
 _FLAG = "true or false (on the command line: --data KEY=1)"
-MAX_THROUGHPUT_SCALE = 1_000_000.0
 _SECRET = f"a file on this (control) machine, mode 0600, one line of {TOKEN_ALLOWED}"
 _TLS = "a PEM file on this (control) machine"
 STOP_ENV = "RIGFLEET_STOP_ON_PREFLIGHT"
@@ -61,8 +57,6 @@ _seconds = number_check(0.0, None, low_open=True)
 _host = valid_if(host_name_or_ip)
 _PORT = "a TCP port 1..65535"
 _HOST_TEXT = "a host name or an IP address (no port)"
-_low_k, _high_k = RETRY_BUFFER_RANGE_KIB
-_low_s, _high_s = CHECK_INTERVAL_RANGE_S
 # The order is the order of the checks (a key's check may read the keys before it).
 KEYS: dict[str, Key] = {k.name: k for k in (
     Key("stacks_dir", _C.stacks_dir, None, "a directory of stack files on this (control) "
@@ -87,17 +81,17 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("hf_token_file", _C.secret_file, None, _SECRET, "a Hugging Face token for the weights' "
         f"download ({HOST.hf_token_file} on the host, root-only)",
         on="gpu,cache", group="Secrets"),
-    Key("docker_registry_mirror", _url, None, _URL, "a Docker Hub pull-through cache for "
+    Key("docker_registry_mirror", _url, None, URL_ALLOWED, "a Docker Hub pull-through cache for "
         "the host's dockerd", group="Sources"),
-    Key("pip_index_url", _url, None, _URL, "the Python package index hosts install from "
+    Key("pip_index_url", _url, None, URL_ALLOWED, "the Python package index hosts install from "
         "(huggingface_hub, the Genesis entrypoint)", on="gpu,cache", group="Sources"),
-    Key("runtime_pip_index_url", _url, None, _URL, "where a Genesis stack's pinned runtime "
+    Key("runtime_pip_index_url", _url, None, URL_ALLOWED, "where a Genesis stack's pinned runtime "
         "packages are installed from when its image is built", group="Sources",
         shown_default="pip_index_url, else PyPI"),
-    Key("hf_endpoint", _url, None, _URL, "a Hugging Face hub (mirror) the weights come "
+    Key("hf_endpoint", _url, None, URL_ALLOWED, "a Hugging Face hub (mirror) the weights come "
         "from (HF_ENDPOINT): the upstream, after the fleet cache (docs/images.md)",
         on="gpu,cache", group="Sources", shown_default="huggingface.co"),
-    Key("front_url", _url, None, _URL, "how clients reach the front (rigfleet endpoints, "
+    Key("front_url", _url, None, URL_ALLOWED, "how clients reach the front (rigfleet endpoints, "
         "bench); https:// when the front serves TLS",
         shown_default="<scheme>://<ssh address>:<front_port>"),
     Key("apt_repos", by_name(check_apt_repos), REQUIRED, "a mapping name -> {url, key_url, "
@@ -137,19 +131,18 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("site_ca_files", _C.site_ca_files, None, "a list of PEM certificate files on this "
         "(control) machine", "CAs the host trusts besides the system's (a LAN mirror's)",
         on="any", group="Sources", shown_default="[]"),
-    Key("bump_registry", _url, None, _URL, "the registry v2 rigfleet bump looks for "
+    Key("bump_registry", _url, None, URL_ALLOWED, "the registry v2 rigfleet bump looks for "
         "candidates in", group="Bump", shown_default="Docker Hub"),
     Key("bump_genesis_url", valid_if(lambda v: isinstance(v, str) and GIT_URL.fullmatch(v)),
         None, "a git URL (https://, http://, ssh://, git://, file:// or user@host:path)",
         "where this machine fetches Genesis when the pinned URL is not reachable from it",
         group="Bump"),
-    Key("bump_mirror", _url, None, _URL, "the registry rigfleet bump --push-mirror "
+    Key("bump_mirror", _url, None, URL_ALLOWED, "the registry rigfleet bump --push-mirror "
         "pushes to", group="Bump"),
-    Key("throughput_scale", number_check(0.0, MAX_THROUGHPUT_SCALE, low_open=True), 1.0,
-        f"a number > 0, at most {MAX_THROUGHPUT_SCALE:.0f}: "
-        "this host's decode speed relative to RTX 3090s (1.0), e.g. the testbed's "
-        "sim_speedup", "multiplies the stack files' reference tok/s for the gate of a host "
-        "without history (other hardware, the testbed)", group="Swap"),
+    Key("throughput_scale", number_check(0.0, 1_000_000.0, low_open=True), 1.0,
+        "a number > 0, at most 1000000: this host's decode speed relative to RTX 3090s "
+        "(1.0), e.g. the testbed's sim_speedup", "multiplies the stack files' reference tok/s "
+        "for the gate of a host without history (other hardware, the testbed)", group="Swap"),
     Key("stacks", _C.stacks, None, "a list of stack names the host may serve, e.g. "
         "['int8', 'tq3-mtp-genesis']", "the stacks the host may serve: it stages (images, "
         "compose files, disk) only these; must include stack",
@@ -181,7 +174,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("balancer_port", _port, 8080, _PORT + " (clients call http(s)://<balancer>:<port>)",
         "HAProxy's port (not the host's front_port when it serves too)", on="balancer",
         group="Balancer"),
-    Key("balancer_url", _url, None, _URL, "how clients and rigfleet status/endpoints reach "
+    Key("balancer_url", _url, None, URL_ALLOWED, "how clients and rigfleet status/endpoints reach "
         "the balancer", on="balancer", group="Balancer",
         shown_default="<scheme>://<ssh address>:<balancer_port>"),
     Key("balancer_tls_cert_file", _C.as_is, None, _TLS + ", the certificate", "the balancer "
@@ -198,8 +191,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("balancer_default_stack", _C.stack, None, "a stack some GPU host serves",
         "where plain /v1/... goes", on="balancer", group="Balancer",
         shown_default="the only stack, if one"),
-    Key("balancer_check_interval_s", number_check(*CHECK_INTERVAL_RANGE_S), 2, "seconds between "
-        f"readiness checks, {_low_s:g}..{_high_s:g}", "how often HAProxy checks each front's "
+    Key("balancer_check_interval_s", number_check(0.5, 30.0), 2, "seconds between "
+        "readiness checks, 0.5..30", "how often HAProxy checks each front's "
         "readiness", on="balancer", group="Balancer"),
     Key("monitor_retention_days", number_check(1, 3650, integer=True), 30, "an integer "
         "1..3650", "how many days of metrics Prometheus keeps", on="monitor", group="Monitor"),
@@ -212,8 +205,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "where alerts go (mail, chat): it replaces rigfleet's config, checked with amtool "
         "first, root:prometheus 0640 on the host", on="monitor", group="Monitor",
         shown_default="one receiver without integrations (alerts show in the UI and API)"),
-    Key("balancer_retry_buffer_kib", number_check(*RETRY_BUFFER_RANGE_KIB, integer=True), 128,
-        f"KiB, {_low_k}..{_high_k} (HAProxy's buffer per direction and connection; a request "
+    Key("balancer_retry_buffer_kib", number_check(16, 1024, integer=True), 128,
+        "KiB, 16..1024 (HAProxy's buffer per direction and connection; a request "
         "up to this size can be retried on another host)", "requests up to this size are "
         "retried on another host after a 503 or a closed connection", on="balancer",
         group="Balancer"),
@@ -226,7 +219,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         group="Cache"),
     Key("cache_registry_port", _port, 5000, _PORT, "the pull-through registry's port (every "
         "address: hosts pull from it)", on="cache", group="Cache"),
-    Key("cache_registry_upstream", _url, "https://registry-1.docker.io", _URL,
+    Key("cache_registry_upstream", _url, "https://registry-1.docker.io", URL_ALLOWED,
         "the registry the cache pulls through from (the pinned images' registry)", on="cache",
         group="Cache"),
     Key("cache_model_port", _port, 8081, _PORT, "the model cache's port (nginx, read-only files "

@@ -79,7 +79,7 @@ class StackPins:
     """What one stack runs: image tag + digest, the vLLM version it reports, Genesis."""
 
     name: str
-    image: str
+    image: str  # also the name of the staged, verified image on a host (no digest)
     digest: str
     vllm_version: str
     genesis: GenesisPin | None = None
@@ -89,11 +89,6 @@ class StackPins:
     def image_ref(self) -> str:
         """``<repo>:<tag>@<digest>``: the tag stays readable, Docker pulls by digest."""
         return f"{self.image}@{self.digest}"
-
-    @property
-    def local_image(self) -> str:
-        """The name the staged, verified image has on a host (a loaded one has no digest)."""
-        return self.image
 
     @property
     def repository(self) -> str:

@@ -37,7 +37,7 @@ class RuntimeImage:
         """The derived image ``spec`` runs, or None when it needs no package (``int8``)."""
         if spec.genesis is None or not spec.genesis.runtime_packages:
             return None
-        return cls(spec.name, pins.local_image, pins.digest, spec.genesis.runtime_packages)
+        return cls(spec.name, pins.image, pins.digest, spec.genesis.runtime_packages)
 
     @property
     def ref(self) -> str:

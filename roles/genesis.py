@@ -180,5 +180,5 @@ def genesis(ctx: HostContext) -> None:
              if s.spec.genesis is not None and s.pins.genesis is not None]  # fmt: skip
     for name, staged, g, use in host.loop(gates):
         genesis_gate(name=f"Genesis compatibility of vLLM {staged.vllm_version}", stack=name,
-                     image_ref=staged.local_image, digest=staged.digest,
+                     image_ref=staged.image, digest=staged.digest,
                      vllm_version=staged.vllm_version, pin=g, use=use)

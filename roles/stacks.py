@@ -57,7 +57,7 @@ def vllm_args_refusal(staged: DesiredStack) -> str | None:
     if current is not None and current.sha256 == hashlib.sha256(staged.text.encode()).hexdigest():
         return None
     service = staged.document["services"][SERVICE]
-    image = staged.pins.local_image
+    image = staged.pins.image
     cmd = check_command(image, [str(a).replace("$$", "$") for a in service["command"]],
                         service.get("environment") or {})
     return refusal(parse_output(*run_on_host(cmd)), staged.spec, image)

@@ -118,10 +118,6 @@ def probe(full: bool = False, model_path: str | None = None,
             f"else echo {shlex.quote(BARE_PROBE)}; fi")
 
 
-def bench(*args: str) -> str:
-    return tool("bench", *args)
-
-
 def record(tracked: dict, config_hash: str, by: str, deploy_id: str, host: str) -> str:
     """Record pins that changed without a swap (state.json, active record, ledger)."""
     return tool("record", "--json", json.dumps(tracked, sort_keys=True), "--config-hash",
@@ -132,12 +128,3 @@ def report_failure(message: str) -> str:
     """A command that fails with ``message`` on stderr: pyinfra shows it as the host's error."""
     return f"printf '%s\\n' {shlex.quote(message)} >&2; exit 1"
 
-
-def lock_show() -> str:
-    """Who holds the host lock, as JSON (``null`` when free; ``alive`` by the liveness rule)."""
-    return tool("lock", "--json")
-
-
-def lock_release(reason: str, by: str) -> str:
-    """Remove a stale host lock; the host tool refuses a live holder (exit 3)."""
-    return tool("lock", "--release", "--reason", reason, "--by", by)

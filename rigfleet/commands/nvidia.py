@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 NVIDIA_SMI = "/usr/bin/nvidia-smi"
 
 # Only NVIDIA's .run installer installs this.
@@ -10,13 +12,32 @@ RUN_UNINSTALLER = "/usr/bin/nvidia-uninstall"
 # DKMS signs its modules with this key; Secure Boot loads them once it is enrolled (MOK).
 DKMS_MOK_CERT = "/var/lib/dkms/mok.pub"
 
-# modprobe's EKEYREJECTED and the kernel's "Loading of <reason> is rejected" (Secure Boot).
-KEY_REJECTED_PATTERN = "Key was rejected by service|Loading of .* is rejected"
-
 # When a container host's systemd started (epoch seconds; PID 1 over a minute after the
 # kernel): its restarts keep the kernel's boot id. Prints nothing on a machine.
 SYSTEM_START = ("awk -v hz=\"$(getconf CLK_TCK)\" 'FNR == NR { if ($1 == \"btime\") b = $2; "
                 "next } $22 / hz > 60 { printf \"%d\", b + $22 / hz }' /proc/stat /proc/1/stat")
+
+# This boot's log lines of modprobe's EKEYREJECTED or the kernel's "Loading of <reason> is
+# rejected": Secure Boot refused a kernel module.
+MODULE_REJECTIONS = (f"since=$({SYSTEM_START} 2>/dev/null); {{ journalctl -b -q --no-pager "
+                     "${since:+--since @$since} 2>/dev/null || dmesg 2>/dev/null; } | grep -E "
+                     "'Key was rejected by service|Loading of .* is rejected' | head -n 3; true")
+
+# The Platform fact: key=value lines on init, architecture, Secure Boot and the driver's
+# origin (every part tolerates an absent tool).
+_MOK = shlex.quote(DKMS_MOK_CERT)
+PLATFORM_REPORT = ('echo "pid1=$(cat /proc/1/comm 2>/dev/null)"; '
+                   "if [ -d /run/systemd/system ]; then echo systemd=yes; else echo systemd=no; "
+                   'fi; echo "arch=$(dpkg --print-architecture 2>/dev/null)"; '
+                   "if command -v mokutil >/dev/null 2>&1; then "
+                   "mokutil --sb-state 2>&1 | sed 's/^/sb=/'; "
+                   f"if [ -f {_MOK} ]; then echo mok_cert={_MOK}; "
+                   f"mokutil --test-key {_MOK} 2>&1 | sed 's/^/mok=/'; fi; "
+                   f"else [ -f {_MOK} ] && echo mok_cert={_MOK}; echo mokutil=missing; fi; "
+                   f"if [ -e {RUN_UNINSTALLER} ]; then echo run_uninstaller=yes; fi; "
+                   "if p=$(command -v nvidia-smi 2>/dev/null); then echo \"smi=$p\"; "
+                   "echo \"smi_owner=$(dpkg -S \"$(readlink -f \"$p\")\" \"$p\" 2>/dev/null "
+                   "| grep -v '^diversion' | head -n 1 | cut -d: -f1)\"; fi; true")
 
 
 def mok_enrol_steps(cert: str = DKMS_MOK_CERT) -> str:

@@ -100,7 +100,7 @@ def test_probe_sections(tmp_path):
     assert doctor(lay, 1.0)["error"].startswith("nothing verified is active")
     assert "--doctor --load-s 15" in hosttool.probe(full=True, doctor_load_s=15)
     assert "--doctor" not in hosttool.probe(full=True)
-    assert hosttool.bench("--accept-baseline", "--json").endswith(
+    assert hosttool.tool("bench", "--accept-baseline", "--json").endswith(
         "rigfleet-host.pyz bench --accept-baseline --json")
 
 

@@ -85,7 +85,7 @@ def test_the_role_asks_the_pinned_image_only_for_a_compose_file_it_would_change(
     text = role.vllm_args_refusal(staged)
     assert text is not None and "vllm.args: unrecognized arguments: --x" in text
     words = shlex.split(asked[0])
-    i = words.index(staged.pins.local_image)
+    i = words.index(staged.pins.image)
     # The exact command line of the compose file ('$$' back to '$'), this PINS' local_dir.
     assert words[i + 4:] == staged.spec.command("qwen3.6-27b-autoround-int4")
     assert set(json.loads(words[i + 3])) == set(staged.spec.environment())
