@@ -186,7 +186,7 @@ class Online:
         if self.images:
             for w in wanted_images(staged)[0]:
                 if w.digest != UNRESOLVED:
-                    key = ("image", w, settings.image_sources, settings.bump.registry)
+                    key = ("image", w, settings.image_sources, settings.bump_registry)
                     self.add(self.memo(key, partial(self.image, w, settings)), name)
         for m in (pins.model_for(repo) for repo in sorted({s.model for s in specs}, key=str)):
             if m.revision != UNRESOLVED:
@@ -195,7 +195,7 @@ class Online:
         for stack in sorted(staged):
             g = pins.stacks[stack].genesis
             if g is not None:
-                self.add(self.genesis(g, settings.bump.genesis_url), name)
+                self.add(self.genesis(g, settings.bump_genesis_url), name)
         for os_key in oses:
             for f in self.apt(settings, pins, os_key):
                 self.add(f, name)

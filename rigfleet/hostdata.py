@@ -259,15 +259,6 @@ class SwapSettings:
 
 
 @dataclass(frozen=True)
-class BumpSettings:
-    """Where ``rigfleet bump`` looks for candidates (host data of the canary group)."""
-
-    registry: str | None = None
-    genesis_url: str | None = None
-    mirror: str | None = None
-
-
-@dataclass(frozen=True)
 class HostSettings:
     """One GPU host's validated settings (docs/hostdata.md: each key's meaning)."""
 
@@ -290,7 +281,9 @@ class HostSettings:
     site_ca_files: tuple[str, ...] = ()
     front_url: str | None = None
     stacks_dir: str | None = None
-    bump: BumpSettings = BumpSettings()
+    bump_registry: str | None = None  # bump_*: where `rigfleet bump` looks (the canary's data)
+    bump_genesis_url: str | None = None
+    bump_mirror: str | None = None
     throughput_scale: float = KEY_DEFAULTS["throughput_scale"]
     stacks: tuple[str, ...] | None = None
     image_sources: tuple[ImageSource, ...] = DEFAULT_SOURCES
@@ -344,7 +337,7 @@ def validate_host(name: str, data: Mapping[str, Any] | Any) -> HostSettings:
               "is this host's front_port too")
     c.raise_if_any(HostDataError)
     return _settings(HostSettings, v, "", name=name, swap=_settings(SwapSettings, v, ""),
-                     bump=_settings(BumpSettings, v, "bump_"), front_tls=tls, catalog=c.catalog)
+                     front_tls=tls, catalog=c.catalog)
 
 
 def _settings(cls: Any, v: Mapping[str, Any], prefix: str, **given: Any) -> Any:

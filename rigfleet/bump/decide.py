@@ -299,7 +299,7 @@ def load_inputs(opts: BumpOptions) -> Inputs:
     """Inventory, every host's data, the one pins file they share."""
     every = load_inventory(opts.inventory)
     hosts, plan_hosts, pins, first = load_fleet(opts.inventory, opts.deploy, every)
-    return Inputs(hosts, plan_hosts, pins, str(opts.registry or first.bump.registry or DOCKER_HUB),
-                  opts.genesis_url or first.bump.genesis_url,
-                  opts.push_mirror or first.bump.mirror, first.catalog,
+    return Inputs(hosts, plan_hosts, pins, str(opts.registry or first.bump_registry or DOCKER_HUB),
+                  opts.genesis_url or first.bump_genesis_url,
+                  opts.push_mirror or first.bump_mirror, first.catalog,
                   caches=tuple(h for h in every if host_kind(h.groups).cache))

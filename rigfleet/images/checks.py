@@ -159,4 +159,4 @@ def host_archive(index: int, source: ImageSource, w: WantedImage,
 def check_url(source: ImageSource, w: WantedImage, settings: HostSettings) -> str:
     """Where this machine checks a ``hub`` source (a Docker Hub name: ``bump_registry``)."""
     host, _ = registry_of(w.repository)
-    return source.check or (f"https://{host}" if host else settings.bump.registry or DOCKER_HUB)
+    return source.check or (f"https://{host}" if host else settings.bump_registry or DOCKER_HUB)

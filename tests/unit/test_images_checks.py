@@ -8,7 +8,7 @@ from pathlib import Path
 
 from images_fakes import FakeHub, docker_save_tar
 
-from rigfleet.hostdata import BumpSettings, HostSettings
+from rigfleet.hostdata import HostSettings
 from rigfleet.image_sources import ImageSource
 from rigfleet.images.archive import ArchivedImage, archive_name
 from rigfleet.images.checks import SourceChecker, check_url
@@ -25,7 +25,7 @@ def settings(*sources: ImageSource, bump_registry: str | None = None) -> HostSet
     return HostSettings(name="host1", stack="int8", power_caps_w=(250, 250), model_dir="/srv/m",
                         front_port=8000, api_key_file="/k", hf_token_file=None,
                         docker_registry_mirror=None, apt_repos={}, pip_index_url=None,
-                        hf_endpoint=None, bump=BumpSettings(registry=bump_registry),
+                        hf_endpoint=None, bump_registry=bump_registry,
                         image_sources=sources)
 
 
