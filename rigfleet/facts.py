@@ -141,12 +141,9 @@ class PathStates(FactBase[dict[str, list[list[str]]]]):
             elif section == _SECTIONS[2] and "  " in line:
                 digest, path = line.split("  ", 1)
                 sha256[path] = digest
-        found: dict[str, list[list[str]]] = {}
-        for path in paths:
-            perms, line = stat.get(path, ("", ""))
-            found[path] = [[line] if line else [], [sha1[path]] if path in sha1 else [],
-                           [perms, sha256[path]] if perms and path in sha256 else [], []]
-        return found
+        return {p: [[stat[p][1]] if p in stat else [], [sha1[p]] if p in sha1 else [],
+                    [stat[p][0], sha256[p]] if p in stat and p in sha256 else [], []]
+                for p in paths}
 
 
 def read_paths(paths: Iterable[str]) -> None:
@@ -591,8 +588,7 @@ class FileDigest(FactBase[FileInfo | None]):
 
 
 class SwapProbe(FactBase[dict[str, Any]]):
-    """The host probe ``rigfleet status`` uses (``HostProbe.raw``); a host without the tool
-    answers as bare."""
+    """``rigfleet status``'s host probe (``HostProbe.raw``; ``BARE_PROBE`` without the tool)."""
 
     default = dict
 
