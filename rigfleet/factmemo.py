@@ -1,8 +1,6 @@
-"""Each fact of a host asked once per run while nothing changed on it (``read_host_once``).
-
-pyinfra 3.x does not cache facts (every ``host.get_fact`` is a round trip); this keeps each
-answer per run, host, fact and arguments until a command or upload that is not a read is sent
-to the host, or an operation on it executes. ``prime`` lets one merged read answer for many::
+"""Each fact of a host asked once per run while nothing changed on it (pyinfra 3.x does not
+cache facts); ``prime`` lets one merged read answer for many (docs/architecture.md, "Read a
+host once")::
 
     read_host_once()                                  # run_deploy does this
     host.get_fact(File, path="/etc/x")                # asked
@@ -76,8 +74,7 @@ def _counted(send: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def read_host_once() -> None:
-    """Patch ``Host`` so that every fact, pyinfra's own included, is asked through
-    ``read_once``, and commands and uploads outside a read count as changes. Idempotent."""
+    """Patch ``Host`` (idempotent): facts go through ``read_once``, other sends count as changes."""
     if Host.get_fact is not _get_fact_once:
         Host.get_fact = _get_fact_once  # type: ignore[method-assign]
         Host.run_shell_command = _counted(Host.run_shell_command)  # type: ignore[method-assign]

@@ -1,9 +1,6 @@
-"""The checks of host-data values, and ``Key``, the row of the host-data table.
-
-Each key of ``rigfleet.hostdata.KEYS`` names its check (a ``HostChecker`` method, or one made
-by ``valid_if``, ``by_name`` or ``number_check``): it returns the checked value, or records
-``<host>: <key>: <value> ...; allowed: ...`` and returns None. Keys are checked in table order,
-so a check may read the keys before it (``values``)::
+"""The checks of host-data values, and ``Key``, the row of the host-data table. A check
+returns the checked value, or records the problem and returns None; keys are checked in table
+order, so a check may read the keys before it (``values``)::
 
     c = HostChecker("rig-a")
     values = c.check_keys(host.data, "gpu", KEYS)   # {"stack": "int8", ...}

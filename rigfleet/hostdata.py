@@ -1,9 +1,6 @@
-"""Host data: what the inventory says about one host, checked before anything runs.
-
-Every key is described once, in ``KEYS``: the checks, typo hints, defaults and
-docs/hostdata.md (``python -m rigfleet.hostdata`` writes it) come from that table. The
-``validate_*`` functions run on the control side, so a bad value stops the deploy before any
-host changes::
+"""Host data: what the inventory says about one host, checked on the control side before any
+host changes. Every key is described once, in ``KEYS``: its check, typo hint, default and row
+of docs/hostdata.md (``python -m rigfleet.hostdata`` writes it)::
 
     settings = validate_host(host.name, host.data)   # host.data or a plain dict
     settings.power_caps_w    # (290, 290): one cap per card
@@ -239,7 +236,7 @@ class HostDataError(ValidationError):
 @dataclass(frozen=True)
 class SwapSettings:
     """The gate and the time limits of one host's transactions (``drain_timeout_s`` None: each
-    stack file's ``drain.timeout_s``)."""
+    stack file's)."""
 
     gate_profile: str = KEY_DEFAULTS["gate_profile"]
     gate_set: tuple[str, ...] = KEY_DEFAULTS["gate_set"]
@@ -341,8 +338,7 @@ def validate_host(name: str, data: Mapping[str, Any] | Any) -> HostSettings:
 
 
 def _settings(cls: Any, v: Mapping[str, Any], prefix: str, **given: Any) -> Any:
-    """``cls`` from checked values: each field not ``given`` from key ``<prefix><field>``, else
-    ``<field>`` (when the role has it)."""
+    """``cls`` of checked values: a field ``f`` not ``given`` from key ``<prefix>f``, else ``f``."""
     keys = {f.name: prefix + f.name if prefix + f.name in v else f.name
             for f in fields(cls) if f.name not in given}
     return cls(**given, **{name: v[key] for name, key in keys.items() if key in v})
@@ -446,8 +442,7 @@ def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
 
 
 def stop_on_preflight(data: Mapping[str, Any] | Any) -> bool:
-    """Stop the whole run when a host fails its preflight? Read leniently, even when the rest
-    of the host's data fails validation."""
+    """Stop the whole run when a host fails its preflight? Read leniently (the rest may not)."""
     return bool(flag_value(os.environ.get(STOP_ENV, ""))
                 or flag_value(data.get("rigfleet_stop_on_preflight", None)))
 

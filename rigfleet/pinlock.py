@@ -32,8 +32,7 @@ class LockError(PinsError):
 
 @dataclass
 class _Resolver:
-    """Registry lookups for one lock run, each asked once of its registry (a tag never holds a
-    digest's ':')."""
+    """One lock run's registry lookups, each asked once (a tag never holds a digest's ':')."""
 
     registry: Registry
     file: str

@@ -54,8 +54,7 @@ def window_plan_path(window_id: str) -> str:
 
 
 def maintenance_open(window_id: str, step: str, reboot_grace_s: float | None = None) -> str:
-    """Open (or add ``step`` to) the window, held by this SSH session (and across a reboot
-    for ``reboot_grace_s``)."""
+    """Open (or add ``step`` to) the window, held by this SSH session (and a reboot's grace)."""
     grace = ("--reboot-grace-s", f"{reboot_grace_s:g}") if reboot_grace_s is not None else ()
     return tool("maintenance", "open", "--plan", window_plan_path(window_id), "--step", step,
                 *grace)
