@@ -235,8 +235,7 @@ class HostDataError(ValidationError):
 
 @dataclass(frozen=True)
 class SwapSettings:
-    """The gate and the time limits of one host's transactions (``drain_timeout_s`` None: each
-    stack file's)."""
+    """The gate and time limits of one host's transactions (``drain_timeout_s`` None: per stack)."""
 
     gate_profile: str = KEY_DEFAULTS["gate_profile"]
     gate_set: tuple[str, ...] = KEY_DEFAULTS["gate_set"]
@@ -332,16 +331,16 @@ def validate_host(name: str, data: Mapping[str, Any] | Any) -> HostSettings:
     if v["peer_port"] == v["front_port"]:
         c.bad("peer_port", v["peer_port"], "a port other than front_port",
               "is this host's front_port too")
-    c.raise_if_any(HostDataError)
-    return _settings(HostSettings, v, "", name=name, swap=_settings(SwapSettings, v, ""),
+    return _settings(c, HostSettings, "", name=name, swap=_settings(c, SwapSettings, ""),
                      front_tls=tls, catalog=c.catalog)
 
 
-def _settings(cls: Any, v: Mapping[str, Any], prefix: str, **given: Any) -> Any:
-    """``cls`` of checked values: a field ``f`` not ``given`` from key ``<prefix>f``, else ``f``."""
-    keys = {f.name: prefix + f.name if prefix + f.name in v else f.name
+def _settings(c: HostChecker, cls: Any, prefix: str, **given: Any) -> Any:
+    """``cls`` of ``c``'s values (else HostDataError): ``f`` from key ``<prefix>f``, else ``f``."""
+    c.raise_if_any(HostDataError)
+    keys = {f.name: prefix + f.name if prefix + f.name in c.values else f.name
             for f in fields(cls) if f.name not in given}
-    return cls(**given, **{name: v[key] for name, key in keys.items() if key in v})
+    return cls(**given, **{name: c.values[key] for name, key in keys.items() if key in c.values})
 
 
 def _tls(c: HostChecker, v: Mapping[str, Any], role: str, url_key: str) -> FrontTls | None:
@@ -365,8 +364,7 @@ def validate_balancer(name: str, data: Mapping[str, Any] | Any, *,
         c.bad("balancer_port", port, f"a port other than front_port {front_port}",
               "is this host's front_port too (the host serves and balances)")
     tls = _tls(c, v, "balancer", "balancer_url")
-    c.raise_if_any(HostDataError)
-    return _settings(BalancerSettings, v, "balancer_", name=name, tls=tls, catalog=c.catalog)
+    return _settings(c, BalancerSettings, "balancer_", name=name, tls=tls, catalog=c.catalog)
 
 
 @dataclass(frozen=True)
@@ -392,9 +390,8 @@ MONITOR_PORTS = (PROMETHEUS_PORT, ALERTMANAGER_PORT, 9094, NODE_EXPORTER_PORT)
 def validate_monitor(name: str, data: Mapping[str, Any] | Any) -> MonitorSettings:
     """Check a monitor host's data; raises ``HostDataError``."""
     c = HostChecker(name)
-    v = c.check_keys(data, "monitor", KEYS)
-    c.raise_if_any(HostDataError)
-    return _settings(MonitorSettings, v, "monitor_", name=name)
+    c.check_keys(data, "monitor", KEYS)
+    return _settings(c, MonitorSettings, "monitor_", name=name)
 
 
 @dataclass(frozen=True)
@@ -435,9 +432,9 @@ def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
         if port is not None and port in taken:
             c.bad(key, port, f"a port none of this host's other services use ({sorted(taken)})",
                   "is taken by another service of this host")
-    c.raise_if_any(HostDataError)
+    c.raise_if_any(HostDataError)  # before the values are used
     address = v["cache_address"] or data.get("ssh_hostname", None) or name
-    return _settings(CacheSettings, v, "cache_", name=name, address=address,
+    return _settings(c, CacheSettings, "cache_", name=name, address=address,
                      registry_upstream=v["cache_registry_upstream"].rstrip("/"))
 
 

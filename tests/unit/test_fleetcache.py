@@ -311,8 +311,8 @@ class _Hub:
 
 
 def test_the_cache_is_not_asked_from_here_and_the_next_source_is_the_fallback(tmp_path):
-    settings = SimpleNamespace(image_sources=(ImageSource("hub"),), bump=SimpleNamespace(
-        registry="http://hub.test"))
+    settings = SimpleNamespace(image_sources=(ImageSource("hub"),),
+                               bump_registry="http://hub.test")
     checker = SourceChecker(_Hub)
     results = checker.results(W, settings, _state(), (CACHE, *settings.image_sources))
     assert [(r.ok, r.label) for r in results] == [
