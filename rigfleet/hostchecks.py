@@ -136,24 +136,21 @@ class HostChecker(Problems):
             return None
         if not is_dir:
             self.bad(key.name, value, key.allowed, "is not a directory")
-            return None
-        if is_system_dir(str(path.resolve())):
+        elif is_system_dir(str(path.resolve())):
             self.bad(key.name, value, key.allowed + " (a directory of its own)",
                      "is a system directory")
-            return None
-        before = len(self.lines)
-        for entry in sorted(path.glob("*.yaml")):
-            if escapes(entry, path):
+        elif escaping := [e for e in sorted(path.glob("*.yaml")) if escapes(e, path)]:
+            for entry in escaping:
                 self.bad(f"stacks_dir: {entry.name}", str(entry),
                          f"stack files inside {str(path.absolute())!r}",
                          f"leads outside the directory (to {os.path.realpath(entry)!r})")
-        if len(self.lines) != before:
-            return None
-        try:
-            self.catalog = load_catalog([path.absolute()])
-        except CatalogError as e:
-            self.lines += [f"{self.where}: stacks_dir: {line}" for line in e.problems]
-        return str(path.absolute())
+        else:
+            try:
+                self.catalog = load_catalog([path.absolute()])
+            except CatalogError as e:
+                self.lines += [f"{self.where}: stacks_dir: {line}" for line in e.problems]
+            return str(path.absolute())
+        return None
 
     def stack(self, key: Key, value: Any) -> str | None:
         """A stack of the catalog (``stack``, ``balancer_default_stack``)."""
@@ -374,8 +371,7 @@ class HostChecker(Problems):
         """Control-side PEM certificate files the host should trust."""
         if value is None:
             return ()
-        if isinstance(value, str):
-            value = [value]
+        value = [value] if isinstance(value, str) else value
         if not isinstance(value, list | tuple):
             self.bad(key.name, value, "a list of PEM file paths")
             return ()

@@ -325,11 +325,11 @@ class _Checker(Problems):
         text = allowed("driver.version").replace("<branch>", branch or "<branch>")
         if not isinstance(version, str) or not _DRIVER_VERSION.fullmatch(version):
             self.bad("driver.version", version, text)
-            return branch, None
-        if branch and version.split(".")[0] != branch:
+        elif branch and version.split(".")[0] != branch:
             self.bad("driver.version", version, text, f"is not on branch {branch}")
-            return branch, None
-        return branch, version
+        else:
+            return branch, version
+        return branch, None
 
     def versioned(self, key: str, value: Any, pattern: re.Pattern[str]) -> str | None:
         d = self.mapping(key, value)
