@@ -44,8 +44,7 @@ from rigfleet.validate import (
 POWER_CAP_RANGE_W = (50, 600)
 MIN_API_KEY_CHARS = 16
 # A secret (API key, HF token) ends up in an env file, an HTTP header file and an nginx regex:
-# only token characters (RFC 6750 b64token) keep all three simple and safe. Host data checks
-# it (``rigfleet check``) and the deploy reads it (roles/preflight.py) by this one rule.
+# token characters (RFC 6750 b64token) keep all three safe; host data and preflight share it.
 TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 TOKEN_ALLOWED = "letters, digits and -._~+/="
 _ADDRESS = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")

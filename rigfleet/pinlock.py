@@ -1,7 +1,6 @@
-"""``rigfleet pins lock``: fill in what a pins file cannot know by hand.
-
-Digests and image ids come from the registry, model revisions from the hub, Genesis layouts
-and versions from the commit (docs/pins.md). Nothing is written unless every lookup succeeds::
+"""``rigfleet pins lock``: fill in what a pins file cannot know by hand: digests and image ids
+from the registry, model revisions from the hub, Genesis layouts and versions from the commit
+(docs/pins.md). Nothing is written unless every lookup succeeds::
 
     rigfleet pins lock --pins pins.yaml            # Docker Hub and huggingface.co
     rigfleet pins lock --refresh                   # re-resolve every digest from its tag

@@ -295,8 +295,7 @@ class _Checker(Problems):
         self.repos = (model.repo, *models) if model else ()
         stacks = self.stacks("stacks", top.get("stacks"),
                              f"{allowed('stacks')}: {', '.join(self.catalog.names)}")
-        # Host names and history records are not checked key by key below: no control
-        # characters in them either.
+        # Not checked key by key below: no control characters in host names and history either.
         self.control_chars("hosts", top.get("hosts"))
         self.control_chars("history", top.get("history"))
         hosts = self.hosts(top.get("hosts"))
