@@ -327,7 +327,7 @@ def validate_host(name: str, data: Mapping[str, Any] | Any) -> HostSettings:
     """``data``: ``host.data`` or a mapping; raises ``HostDataError`` listing every problem."""
     c = HostChecker(name)
     v = c.check_keys(data, "gpu", KEYS)
-    tls = _tls(c, v, "front", "front_url")
+    tls = check_tls(c, v, "front", "front_url")
     if v["peer_port"] == v["front_port"]:
         c.bad("peer_port", v["peer_port"], "a port other than front_port",
               "is this host's front_port too")
@@ -343,17 +343,6 @@ def _settings(c: HostChecker, cls: Any, prefix: str, **given: Any) -> Any:
     return cls(**given, **{name: c.values[key] for name, key in keys.items() if key in c.values})
 
 
-def _tls(c: HostChecker, v: Mapping[str, Any], role: str, url_key: str) -> FrontTls | None:
-    """``<role>_tls_*`` checked, and a plain-HTTP ``url_key`` beside them refused."""
-    tls = check_tls(c, role, v[f"{role}_tls_cert_file"], v[f"{role}_tls_key_file"],
-                    v[f"{role}_tls_ca_file"])
-    url = v[url_key]
-    if tls is not None and url and url.startswith("http://"):
-        c.bad(url_key, url, f"an https:// URL (or no {url_key})",
-              f"is plain HTTP, but the {role} serves TLS ({role}_tls_cert_file is set)")
-    return tls
-
-
 def validate_balancer(name: str, data: Mapping[str, Any] | Any, *,
                       gpu_host: bool = False) -> BalancerSettings:
     """Check a balancer host's data (``gpu_host``: it serves too); raises ``HostDataError``."""
@@ -363,7 +352,7 @@ def validate_balancer(name: str, data: Mapping[str, Any] | Any, *,
     if gpu_host and port is not None and port == front_port:
         c.bad("balancer_port", port, f"a port other than front_port {front_port}",
               "is this host's front_port too (the host serves and balances)")
-    tls = _tls(c, v, "balancer", "balancer_url")
+    tls = check_tls(c, v, "balancer", "balancer_url")
     return _settings(c, BalancerSettings, "balancer_", name=name, tls=tls, catalog=c.catalog)
 
 

@@ -8,6 +8,7 @@ import os
 import re
 import ssl
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,12 @@ class FrontTls:
     ca_file: str
 
 
-def check_tls(p: Problems, prefix: str, cert: Any, key: Any, ca: Any) -> FrontTls | None:
-    """``<prefix>_tls_cert_file`` + ``_key_file`` (+ ``_ca_file``) of a ``front`` (nginx) or
-    ``balancer`` (HAProxy); None when neither is set (plain HTTP) or a problem is in ``p``."""
+def check_tls(p: Problems, values: Mapping[str, Any], prefix: str,
+              url_key: str) -> FrontTls | None:
+    """``<prefix>_tls_*_file`` of a ``front`` (nginx) or ``balancer`` (HAProxy), a plain-HTTP
+    ``url_key`` beside them refused; None when neither is set or a problem is in ``p``."""
     cert_key, key_key, ca_key = (f"{prefix}_tls_{k}_file" for k in ("cert", "key", "ca"))
+    cert, key, ca = values[cert_key], values[key_key], values[ca_key]
     if cert is None and key is None:
         if ca is not None:
             p.bad(ca_key, ca, f"only together with {cert_key} and {key_key}",
@@ -53,6 +56,9 @@ def check_tls(p: Problems, prefix: str, cert: Any, key: Any, ca: Any) -> FrontTl
             p.bad(cert_key, cert, allowed + f" (set {ca_key} to the CA when the "
                   "certificate is not self-signed)", what)
         return None
+    if (url := values[url_key]) and url.startswith("http://"):
+        p.bad(url_key, url, f"an https:// URL (or no {url_key})",
+              f"is plain HTTP, but the {prefix} serves TLS ({cert_key} is set)")
     return FrontTls(cert_path, key_path, ca_path)
 
 
