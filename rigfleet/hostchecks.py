@@ -118,10 +118,6 @@ class HostChecker(Problems):
                 self.bad(key, key, f"{close[0]!r}",
                          f"is not a rigfleet key (did you mean {close[0]!r}?)")
 
-    def as_is(self, key: Key, value: Any) -> Any:
-        """No check of its own (the control characters aside)."""
-        return value
-
     def stacks_dir(self, key: Key, value: Any) -> str | None:
         """Also loads the catalog the later keys are checked against (else the built-in one)."""
         checked = self.string(key.name, value, None, key.allowed, required=False)

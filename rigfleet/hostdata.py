@@ -52,6 +52,7 @@ _url = by_name(HostChecker.url)
 _port = number_check(1, 65535, integer=True)
 _seconds = number_check(0.0, None, low_open=True)
 _host = valid_if(host_name_or_ip)
+_as_is = valid_if(lambda value: True)  # no check of its own (control characters aside)
 _PORT = "a TCP port 1..65535"
 _HOST_TEXT = "a host name or an IP address (no port)"
 # The order is the order of the checks (a key's check may read the keys before it).
@@ -147,11 +148,11 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("image_sources", by_name(parse_sources), None, "a list of mappings, each with a kind: "
         + ", ".join(KINDS), "where the host gets its pinned images, in order "
         "(docs/images.md)", group="Sources", shown_default="[{'kind': 'hub'}]"),
-    Key("front_tls_cert_file", _C.as_is, None, _TLS + ", the certificate (chain: the "
+    Key("front_tls_cert_file", _as_is, None, _TLS + ", the certificate (chain: the "
         "server's first)", "the front serves HTTPS on front_port with it", group="TLS"),
-    Key("front_tls_key_file", _C.as_is, None, _TLS + ", its private key, unencrypted, mode "
+    Key("front_tls_key_file", _as_is, None, _TLS + ", its private key, unencrypted, mode "
         "0600", "the certificate's key (both or neither)", group="TLS"),
-    Key("front_tls_ca_file", _C.as_is, None, _TLS + ", certificate(s)", "what clients of "
+    Key("front_tls_ca_file", _as_is, None, _TLS + ", certificate(s)", "what clients of "
         "the front trust", group="TLS", shown_default="the certificate itself"),
     Key("ssh_hostname", _host, None, _HOST_TEXT, "pyinfra's SSH address; also where balancers "
         "reach the front (haproxy.cfg) unless balancer_front_address says otherwise", on="any",
@@ -174,12 +175,12 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("balancer_url", _url, None, URL_ALLOWED, "how clients and rigfleet status/endpoints reach "
         "the balancer", on="balancer", group="Balancer",
         shown_default="<scheme>://<ssh address>:<balancer_port>"),
-    Key("balancer_tls_cert_file", _C.as_is, None, _TLS + ", the certificate", "the balancer "
+    Key("balancer_tls_cert_file", _as_is, None, _TLS + ", the certificate", "the balancer "
         "serves HTTPS with it", on="balancer", group="Balancer"),
-    Key("balancer_tls_key_file", _C.as_is, None, _TLS + ", its private key, unencrypted, "
+    Key("balancer_tls_key_file", _as_is, None, _TLS + ", its private key, unencrypted, "
         "mode 0600", "the certificate's key (both or neither)", on="balancer",
         group="Balancer"),
-    Key("balancer_tls_ca_file", _C.as_is, None, _TLS + ", certificate(s)", "what clients of "
+    Key("balancer_tls_ca_file", _as_is, None, _TLS + ", certificate(s)", "what clients of "
         "the balancer trust", on="balancer", group="Balancer",
         shown_default="the certificate itself"),
     Key("balancer_plain_fronts", _C.flag, False, _FLAG, "an HTTPS balancer may pass requests "
