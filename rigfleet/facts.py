@@ -82,9 +82,8 @@ class UnitActive(FactBase[bool]):
 
 def read_services(units: tuple[str, ...]) -> None:
     """Prime ``SystemdStatus``, ``SystemdEnabled`` and ``UnitActive`` of ``units`` from one read."""
-    states = read_fact(ServiceStates, units=units)
     systemd_args = {"user_mode": False, "machine": None, "user_name": None}
-    for unit, props in states.items():
+    for unit, props in read_fact(ServiceStates, units=units).items():
         for fact in (SystemdStatus, SystemdEnabled):
             value = fact().process([f"Id={unit}", f"{fact.state_key}={props[fact.state_key]}"])
             prime(host, fact_key(fact, services=[unit], **systemd_args), value)
@@ -456,8 +455,7 @@ class WeightsManifest(FactBase[WeightsState]):
             return self.default()
         try:
             manifest = json.loads(text)
-            files = manifest["files"]
-            repo, revision = manifest["repo"], manifest["revision"]
+            files, repo, revision = manifest["files"], manifest["repo"], manifest["revision"]
         except (ValueError, KeyError, TypeError):
             return WeightsState(reason="manifest unreadable")
         listing: dict[str, tuple[int, float]] = {}
@@ -485,8 +483,7 @@ def _markers_command(tree: str) -> str:
 
 
 def _layout(markers: str) -> str | None:
-    present = frozenset(m for m in markers.split(",") if m and m != "-")
-    return genesis_inspect.detect_layout(present)[0]
+    return genesis_inspect.detect_layout(frozenset(markers.split(",")))[0]  # "-": none
 
 
 class GenesisHead(FactBase[GenesisCheckout]):
