@@ -17,8 +17,7 @@ DKMS_MOK_CERT = "/var/lib/dkms/mok.pub"
 SYSTEM_START = ("awk -v hz=\"$(getconf CLK_TCK)\" 'FNR == NR { if ($1 == \"btime\") b = $2; "
                 "next } $22 / hz > 60 { printf \"%d\", b + $22 / hz }' /proc/stat /proc/1/stat")
 
-# This boot's log lines of modprobe's EKEYREJECTED or the kernel's "Loading of <reason> is
-# rejected": Secure Boot refused a kernel module.
+# This boot's log lines of Secure Boot refusing a kernel module (modprobe's and the kernel's).
 MODULE_REJECTIONS = (f"since=$({SYSTEM_START} 2>/dev/null); {{ journalctl -b -q --no-pager "
                      "${since:+--since @$since} 2>/dev/null || dmesg 2>/dev/null; } | grep -E "
                      "'Key was rejected by service|Loading of .* is rejected' | head -n 3; true")
