@@ -11,11 +11,9 @@ KEYRING_DIR = "/etc/apt/keyrings"
 SOURCES_DIR = "/etc/apt/sources.list.d"
 PREFERENCES_DIR = "/etc/apt/preferences.d"
 
-# Seconds apt waits for dpkg's lock (unattended-upgrades, a person's apt) before failing.
-LOCK_TIMEOUT_S = 120
-# Non-interactive, keep local config files on upgrade (a prompt would hang an SSH session).
-_APT_GET = ("DEBIAN_FRONTEND=noninteractive apt-get -y -q "
-            f"-o DPkg::Lock::Timeout={LOCK_TIMEOUT_S} "
+# Non-interactive, dpkg's lock waited for 120 s (unattended-upgrades, a person's apt), local
+# config files kept on upgrade (a prompt would hang an SSH session).
+_APT_GET = ("DEBIAN_FRONTEND=noninteractive apt-get -y -q -o DPkg::Lock::Timeout=120 "
             "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold")
 
 
