@@ -51,7 +51,6 @@ _ADDRESS = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\])(?
 _HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})")
 URL_ALLOWED = "an http:// or https:// URL with a host, e.g. 'http://mirror.lan:5000'"
 # model_dir is root's and pruned: never a home, nor inside the system's or rigfleet's trees.
-_HOMES = ("/home", "/var/home")
 _RIGFLEET_TREES = (ETC_ROOT, STATE_ROOT, OPT_ROOT, CACHE_ROOT, LIB_ROOT)
 _NOT_INSIDE = _RIGFLEET_TREES + (
     "/proc", "/sys", "/dev", "/run", "/var/run", "/tmp", "/var/tmp", "/boot", "/etc", "/bin",
@@ -205,7 +204,7 @@ class HostChecker(Problems):
             # The deploy creates the directory and sets its owner and mode.
             self.bad(key.name, value, key.allowed + " (a directory of its own, not a system "
                      "directory)", "is a system directory")
-        elif posixpath.dirname(value) in _HOMES:
+        elif posixpath.dirname(value) in ("/home", "/var/home"):
             self.bad(key.name, value, key.allowed + own, "is a home directory (the deploy "
                      "would make it root's, mode 0755)")
         elif tree := next((t for t in _NOT_INSIDE if value.startswith(t + "/")), None):

@@ -45,7 +45,6 @@ from rigfleet.validate import GIT_URL, ValidationError
 _FLAG = "true or false (on the command line: --data KEY=1)"
 _SECRET = f"a file on this (control) machine, mode 0600, one line of {TOKEN_ALLOWED}"
 _TLS = "a PEM file on this (control) machine"
-STOP_ENV = "RIGFLEET_STOP_ON_PREFLIGHT"
 
 _C = HostChecker
 _url = by_name(HostChecker.url)
@@ -430,7 +429,7 @@ def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
 
 def stop_on_preflight(data: Mapping[str, Any] | Any) -> bool:
     """Stop the whole run when a host fails its preflight? Read leniently (the rest may not)."""
-    return bool(flag_value(os.environ.get(STOP_ENV, ""))
+    return bool(flag_value(os.environ.get("RIGFLEET_STOP_ON_PREFLIGHT", ""))
                 or flag_value(data.get("rigfleet_stop_on_preflight", None)))
 
 
