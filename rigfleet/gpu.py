@@ -21,7 +21,6 @@ _DRIVER_FAILURES = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver",
     "Failed to initialize NVML",
 )
-_NO_DEVICES = "No devices were found"
 _UNIT_SUFFIX = re.compile(r"^(?P<num>-?\d+(?:\.\d+)?)\s*(?:W|MiB|MHz|%|C)?$")
 _NOT_AVAILABLE = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]",
                   "[Insufficient Permissions]", "[Requested functionality has been deprecated]"}
@@ -98,7 +97,7 @@ def parse_query_gpu(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[Gpu
     for line in map(str.strip, lines):
         if line.startswith(_DRIVER_FAILURES):
             raise DriverNotLoadedError(f"nvidia-smi cannot reach the driver: {line!r}")
-        if line == _NO_DEVICES:
+        if line == "No devices were found":
             raise GpuParseError(f"nvidia-smi sees no GPU: {line!r}")
     fields = list(fields)
     if lines and [re.sub(r"\s*\[[^\]]*\]$", "", c.strip()) for c in lines[0].split(",")] == fields:

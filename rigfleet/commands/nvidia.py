@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import shlex
 
-NVIDIA_SMI = "/usr/bin/nvidia-smi"
-
 # Only NVIDIA's .run installer installs this.
 RUN_UNINSTALLER = "/usr/bin/nvidia-uninstall"
 
@@ -51,7 +49,7 @@ def mok_enrol_steps(cert: str = DKMS_MOK_CERT) -> str:
 
 def set_power_limit(index: int, watts: int) -> str:
     """What the power-caps unit runs for one card."""
-    return f"{NVIDIA_SMI} -i {int(index)} -pl {int(watts)}"
+    return f"/usr/bin/nvidia-smi -i {int(index)} -pl {int(watts)}"
 
 
 def ctk_configure_docker() -> str:
