@@ -217,7 +217,8 @@ def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (), otherwise: Se
 def back_from_reboot(ctx: HostContext) -> Iterator[Any]:
     """(After a window step's reboot) the window held by the deploy's new SSH session."""
     if executing() and ctx.want.name in book().open_now:
-        yield hosttool.maintenance_hold(book().plans[ctx.want.name].id)
+        plan = hosttool.window_plan_path(book().plans[ctx.want.name].id)
+        yield hosttool.tool("maintenance", "hold", "--plan", plan)
 
 
 def _plan_upload(plan: Plan) -> Iterator[Any]:
