@@ -22,7 +22,7 @@ def nvidia_runtime():
     if isinstance(runtimes, dict) and "nvidia" in runtimes:
         host.noop("daemon.json already has runtimes.nvidia")
         return
-    yield nvidia_commands.ctk_configure_docker()
+    yield nvidia_commands.CTK_CONFIGURE_DOCKER
 
 
 def verify_runtime() -> str | None:

@@ -139,7 +139,7 @@ def apt_packages(packages: Sequence[str], hold: bool = False, version_prefix: st
             replace = True
     if install:
         flags = {"allow_downgrades": replace or hold}
-        inputs = [apt_commands.update(), apt_commands.install(install, download_only=True, **flags)]
+        inputs = [apt_commands.UPDATE, apt_commands.install(install, download_only=True, **flags)]
         yield from before(inputs) if before else inputs[:1]
         yield apt_commands.install(install, **flags)
     installing = {s.partition("=")[0] for s in install}

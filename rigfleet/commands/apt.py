@@ -15,6 +15,7 @@ PREFERENCES_DIR = "/etc/apt/preferences.d"
 # config files kept on upgrade (a prompt would hang an SSH session).
 _APT_GET = ("DEBIAN_FRONTEND=noninteractive apt-get -y -q -o DPkg::Lock::Timeout=120 "
             "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold")
+UPDATE = f"{_APT_GET} update"
 
 
 def keyring_path(key_url: str) -> str:
@@ -85,10 +86,6 @@ def require_candidate(package: str, version_prefix: str, message: str) -> str:
             f"printf '%s\\n' $rf_v | awk -v p={shlex.quote(version_prefix)} "
             "'index($0, p) == 1 {f = 1} END {exit !f}' || "
             f"{{ echo {shlex.quote(message)}\"; versions there: ${{rf_v:-none}}\" >&2; false; }}")
-
-
-def update() -> str:
-    return f"{_APT_GET} update"
 
 
 def install(specs: Sequence[str], allow_downgrades: bool = False,

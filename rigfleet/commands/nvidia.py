@@ -10,6 +10,9 @@ RUN_UNINSTALLER = "/usr/bin/nvidia-uninstall"
 # DKMS signs its modules with this key; Secure Boot loads them once it is enrolled (MOK).
 DKMS_MOK_CERT = "/var/lib/dkms/mok.pub"
 
+# Registers the ``nvidia`` runtime in ``/etc/docker/daemon.json`` (the toolkit's way).
+CTK_CONFIGURE_DOCKER = "nvidia-ctk runtime configure --runtime=docker"
+
 # When a container host's systemd started (epoch seconds; PID 1 over a minute after the
 # kernel): its restarts keep the kernel's boot id. Prints nothing on a machine.
 SYSTEM_START = ("awk -v hz=\"$(getconf CLK_TCK)\" 'FNR == NR { if ($1 == \"btime\") b = $2; "
@@ -50,8 +53,3 @@ def mok_enrol_steps(cert: str = DKMS_MOK_CERT) -> str:
 def set_power_limit(index: int, watts: int) -> str:
     """What the power-caps unit runs for one card."""
     return f"/usr/bin/nvidia-smi -i {int(index)} -pl {int(watts)}"
-
-
-def ctk_configure_docker() -> str:
-    """Register the ``nvidia`` runtime in ``/etc/docker/daemon.json`` (the toolkit's way)."""
-    return "nvidia-ctk runtime configure --runtime=docker"
