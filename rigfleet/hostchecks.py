@@ -68,8 +68,7 @@ Check = Callable[["HostChecker", "Key", Any], Any]
 
 @dataclass(frozen=True)
 class Key:
-    """One host-data key: its check, its default and what docs/hostdata.md says of it
-    (``on``: the host kinds it applies to, joined by ``,``, or ``any``)."""
+    """A row of ``KEYS`` (``on``: the host kinds it applies to, joined by ``,``, or ``any``)."""
 
     name: str
     check: Check

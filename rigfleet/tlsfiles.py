@@ -124,9 +124,8 @@ def _no_password() -> str:
 
 
 def tls_pair_problem(cert: str, key: str, ca: str, cert_key: str) -> tuple[str, str, str] | None:
-    """Does ``key`` belong to ``cert``, and does ``cert`` verify against ``ca`` (dates
-    included)? An in-memory TLS handshake tells; (which: "key" | "verify", what is wrong,
-    what is allowed), or None when all is well. Nothing is shown of the key."""
+    """Does ``key`` belong to ``cert`` and ``cert`` verify against ``ca`` (dates included)? An
+    in-memory handshake tells: (which: "key" | "verify", what, allowed) or None; no key shown."""
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         server.load_cert_chain(cert, key, password=_no_password)
