@@ -68,7 +68,7 @@ Check = Callable[["HostChecker", "Key", Any], Any]
 
 @dataclass(frozen=True)
 class Key:
-    """A row of ``KEYS`` (``on``: the host kinds it applies to, joined by ``,``, or ``any``)."""
+    """A row of ``hostdata.KEYS`` (``on``: the host kinds, joined by ``,``, or ``any``)."""
 
     name: str
     check: Check
