@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
-
 # Only NVIDIA's .run installer installs this.
 RUN_UNINSTALLER = "/usr/bin/nvidia-uninstall"
 
@@ -23,17 +21,16 @@ MODULE_REJECTIONS = (f"since=$({SYSTEM_START} 2>/dev/null); {{ journalctl -b -q 
                      "${since:+--since @$since} 2>/dev/null || dmesg 2>/dev/null; } | grep -E "
                      "'Key was rejected by service|Loading of .* is rejected' | head -n 3; true")
 
-# The Platform fact: key=value lines on init, architecture, Secure Boot and the driver's
-# origin (every part tolerates an absent tool).
-_MOK = shlex.quote(DKMS_MOK_CERT)
+# The Platform fact: key=value lines on init, arch, Secure Boot, driver origin; tools may be absent.
 PLATFORM_REPORT = ('echo "pid1=$(cat /proc/1/comm 2>/dev/null)"; '
                    "if [ -d /run/systemd/system ]; then echo systemd=yes; else echo systemd=no; "
                    'fi; echo "arch=$(dpkg --print-architecture 2>/dev/null)"; '
                    "if command -v mokutil >/dev/null 2>&1; then "
                    "mokutil --sb-state 2>&1 | sed 's/^/sb=/'; "
-                   f"if [ -f {_MOK} ]; then echo mok_cert={_MOK}; "
-                   f"mokutil --test-key {_MOK} 2>&1 | sed 's/^/mok=/'; fi; "
-                   f"else [ -f {_MOK} ] && echo mok_cert={_MOK}; echo mokutil=missing; fi; "
+                   f"if [ -f {DKMS_MOK_CERT} ]; then echo mok_cert={DKMS_MOK_CERT}; "
+                   f"mokutil --test-key {DKMS_MOK_CERT} 2>&1 | sed 's/^/mok=/'; fi; "
+                   f"else [ -f {DKMS_MOK_CERT} ] && echo mok_cert={DKMS_MOK_CERT}; "
+                   "echo mokutil=missing; fi; "
                    f"if [ -e {RUN_UNINSTALLER} ]; then echo run_uninstaller=yes; fi; "
                    "if p=$(command -v nvidia-smi 2>/dev/null); then echo \"smi=$p\"; "
                    "echo \"smi_owner=$(dpkg -S \"$(readlink -f \"$p\")\" \"$p\" 2>/dev/null "
