@@ -118,17 +118,12 @@ def private(p: Problems, key: str, value: Any, path: Path, mode: int, why: str =
     return not mode & 0o077
 
 
-def _no_password() -> str:
-    # An encrypted key would otherwise make OpenSSL prompt on the terminal.
-    raise ValueError("the key is encrypted")
-
-
 def tls_pair_problem(cert: str, key: str, ca: str, cert_key: str) -> tuple[str, str, str] | None:
     """Does ``key`` belong to ``cert`` and ``cert`` verify against ``ca`` (dates included)? An
     in-memory handshake tells: (which: "key" | "verify", what, allowed) or None; no key shown."""
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
-        server.load_cert_chain(cert, key, password=_no_password)
+        server.load_cert_chain(cert, key, password="")  # never a prompt on the terminal
     except (ssl.SSLError, ValueError, OSError) as e:
         reason = getattr(e, "reason", None) or type(e).__name__
         return ("key", f"does not load with the certificate ({reason}: the key is not the "
