@@ -50,7 +50,7 @@ def holder_row(holder: dict[str, Any] | None) -> dict[str, Any]:
 
 def read_lock(remote: Any, host: Any) -> dict[str, Any] | None:
     """The host's lock holder (``alive`` by the host's rule), None when free."""
-    rc, out = remote.run(host, hosttool.tool("lock", "--json"), timeout=60)
+    rc, out = remote.run(host, hosttool.lock_show(), timeout=60)
     if rc != 0:
         hint = " (no host tool there: run the deploy first)" if "No such file" in out else ""
         raise RuntimeError(f"{host.name}: `rigfleet-host.pyz lock` exited {rc}{hint}: "
@@ -95,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if holder.get("alive"):
         return refused(f"{host.name}: the holder is alive: {escape(describe(holder))}; wait for "
                        "it to end (or stop it on the host), then look again")
-    release = hosttool.tool("lock", "--release", "--reason", args.reason, "--by", deployed_by())
-    rc, out_text = remote.run(host, release, timeout=60)
+    rc, out_text = remote.run(host, hosttool.lock_release(args.reason, deployed_by()), timeout=60)
     if rc != 0:
         return refused(f"{host.name}: {escape(out_text.strip()[-400:])}")
     said = (out_text.strip().splitlines() or [""])[-1]

@@ -4,7 +4,6 @@ tool in ``state.json`` and ``ledger.jsonl`` (docs/swap.md, "Ledger and state").
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pyinfra import host
@@ -35,9 +34,7 @@ def record(state: dict[str, Any], desired: StackRef, by: str, deploy_id: str):
         if decision.kind in ("activate", "swap", "update", "adopt"):
             host.noop(f"the swap records {state['stack']} ({decision.kind})")
             return
-    yield hosttool.tool("record", "--json", json.dumps(state, sort_keys=True), "--config-hash",
-                        desired.config_hash, "--by", by, "--deploy-id", deploy_id,
-                        "--host", host.name)
+    yield hosttool.record(state, desired.config_hash, by, deploy_id, host.name)
 
 
 @deploy("Ledger")

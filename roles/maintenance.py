@@ -217,8 +217,7 @@ def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (), otherwise: Se
 def back_from_reboot(ctx: HostContext) -> Iterator[Any]:
     """(After a window step's reboot) the window held by the deploy's new SSH session."""
     if executing() and ctx.want.name in book().open_now:
-        plan = hosttool.window_plan_path(book().plans[ctx.want.name].id)
-        yield hosttool.tool("maintenance", "hold", "--plan", plan)
+        yield hosttool.maintenance_hold(book().plans[ctx.want.name].id)
 
 
 def _plan_upload(plan: Plan) -> Iterator[Any]:

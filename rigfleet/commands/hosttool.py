@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import shlex
 from collections.abc import Iterator
 from pathlib import PurePosixPath
@@ -65,6 +66,11 @@ def maintenance_ready(packages: bool, lock_wait_s: int = 120) -> str:
     return tool("maintenance", "ready", *apt)
 
 
+def maintenance_hold(window_id: str) -> str:
+    """Back from the reboot: the window held by this (new) SSH session."""
+    return tool("maintenance", "hold", "--plan", window_plan_path(window_id))
+
+
 def start_close(window_id: str, journal_id: str, cause: str = "") -> str:
     """Close the deploy's own window as a transient unit; ``cause``: why now, for the ledger."""
     return _transient(close_unit(window_id), "maintenance", "close", "--plan",
@@ -111,7 +117,26 @@ def probe(full: bool = False, model_path: str | None = None,
             f"else echo {shlex.quote(BARE_PROBE)}; fi")
 
 
+def bench(*args: str) -> str:
+    return tool("bench", *args)
+
+
+def record(tracked: dict, config_hash: str, by: str, deploy_id: str, host: str) -> str:
+    """Record pins that changed without a swap (state.json, active record, ledger)."""
+    return tool("record", "--json", json.dumps(tracked, sort_keys=True), "--config-hash",
+                config_hash, "--by", by, "--deploy-id", deploy_id, "--host", host)
+
+
 def report_failure(message: str) -> str:
     """A command that fails with ``message`` on stderr: pyinfra shows it as the host's error."""
     return f"printf '%s\\n' {shlex.quote(message)} >&2; exit 1"
 
+
+def lock_show() -> str:
+    """Who holds the host lock, as JSON (``null`` when free; ``alive`` by the liveness rule)."""
+    return tool("lock", "--json")
+
+
+def lock_release(reason: str, by: str) -> str:
+    """Remove a stale host lock; the host tool refuses a live holder (exit 3)."""
+    return tool("lock", "--release", "--reason", reason, "--by", by)
