@@ -61,13 +61,11 @@ def _client(target: SshTarget, data: dict[str, Any], timeout: float, gateway: An
     given = {"key_filename": list(keys), "passphrase": data.get("ssh_key_password"),
              "password": data.get("ssh_password")}
     connect_kwargs.update((name, value) for name, value in given.items() if value)
-    if gateway is None and target.proxy_command:
-        gateway = target.proxy_command
     # rigfleet.sshconfig read the ssh_config; fabric must not read it again its own way.
-    config = Config(overrides={"load_ssh_configs": False})
     conn = Connection(target.hostname, user=target.user, port=target.port,
                       connect_timeout=max(1, int(target.connect_timeout or timeout)),
-                      connect_kwargs=connect_kwargs, config=config, gateway=gateway)
+                      connect_kwargs=connect_kwargs, gateway=target.proxy_command or gateway,
+                      config=Config(overrides={"load_ssh_configs": False}))
     try:
         if target.known_hosts:
             # The data's file must be there; a config's may not (OpenSSH: the host is unknown).
