@@ -23,7 +23,7 @@ from rich.text import Text
 
 from rigfleet.bench.plot import plot
 from rigfleet.catalog import CatalogError, StackSpec, builtin_catalog
-from rigfleet.cliargs import EXIT_USAGE, UsageError, fleet_options, select
+from rigfleet.cliargs import EXIT_USAGE, UsageError, console, fleet_options, select
 from rigfleet.commands import hosttool
 from rigfleet.desired import DesiredHost, load_desired
 from rigfleet.endpoints import front_url, read_key
@@ -105,13 +105,11 @@ def bench_targets(targets: Sequence[Target], settings_for: Callable[[Target], Be
     for t in targets:
         if progress is not None:
             progress.target(t.host, t.note)
-        if t.error:
-            result = Bench(Client(t.url), BenchSettings(runs=0, warmup=0)).result
-            out.append(Entry(t.host, t.stack.name if t.stack else None, result, error=t.error))
-            continue
-        result = Bench(Client(t.url, t.api_key, ca_file=t.ca_file), settings_for(t), progress).run()
+        settings = BenchSettings(runs=0, warmup=0) if t.error else settings_for(t)
+        bench = Bench(Client(t.url, t.api_key, ca_file=t.ca_file), settings, progress)
+        result = bench.result if t.error else bench.run()
         out.append(Entry(t.host, t.stack.name if t.stack else None, result, t.reference,
-                         t.scale, t.baseline(), t.history, result.error))
+                         t.scale, t.baseline(), t.history, t.error or result.error))
     return out
 
 
@@ -149,7 +147,7 @@ class RichProgress(measure.Progress):
             rich_bar.TextColumn("[bold]{task.fields[host]}[/bold]"), rich_bar.BarColumn(),
             rich_bar.MofNCompleteColumn(), rich_bar.TextColumn("{task.description}"),
             rich_bar.TimeElapsedColumn(), console=console, transient=False)
-        self.task: rich_bar.TaskID | None = None
+        self.task: rich_bar.TaskID  # target() comes first
         self.host = ""
 
     def target(self, host: str, note: str = "") -> None:
@@ -159,12 +157,10 @@ class RichProgress(measure.Progress):
             self.note(note)
 
     def begin(self, total: int) -> None:
-        if self.task is not None:
-            self.bar.update(self.task, total=total, description="warm-up")
+        self.bar.update(self.task, total=total, description="warm-up")
 
     def step(self, label: str) -> None:
-        if self.task is not None:
-            self.bar.update(self.task, advance=1, description=label)
+        self.bar.update(self.task, advance=1, description=label)
 
     def note(self, text: str) -> None:
         self.console.print(f"[yellow]{escape(self.host)}:[/yellow] {escape(text)}")
@@ -209,7 +205,6 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    err = Console(stderr=True, highlight=False)
     if bool(args.url) == bool(args.inventory):
         raise UsageError("say what to bench: --url URL (one endpoint) or --inventory FILE "
                          "(every host's front), not both")
@@ -241,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
             if args.accept_baseline not in hosts:
                 raise UsageError(f"{args.inventory}: --accept-baseline {args.accept_baseline}: "
                                  f"no such host; allowed: {', '.join(hosts)}")
-            return _accept(args, hosts[args.accept_baseline], err)
+            return _accept(args, hosts[args.accept_baseline], console)
         try:
             chosen = gpu_hosts(select(list(hosts.values()), args.limit, args.inventory))
             targets = inventory_targets(chosen, SshRemote(connect_timeout=args.timeout),
@@ -254,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out}: {e.strerror or e}; allowed: a directory this "
                          "user can create and write") from None
     started = now_iso()
-    progress = RichProgress(err)
+    progress = RichProgress(console)
     with progress.bar:
         entries = bench_targets(targets, lambda t: settings_for(
             t, args.runs, args.warmup, args.concurrency, depths, args.timeout_s), progress)
@@ -267,15 +262,15 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_plot:
         png, problem = plot(entries, paths[0].with_suffix(".png"))
         if problem:
-            err.print(f"[yellow]{escape(problem)}[/yellow]")
+            console.print(f"[yellow]{escape(problem)}[/yellow]")
     show(args.json, report_dict(entries, started), render(entries))
     if not args.json:
-        err.print("reports: " + " ".join(str(p) for p in (*paths, *([png] if png else []))))
+        console.print("reports: " + " ".join(str(p) for p in (*paths, *([png] if png else []))))
     measured = all(any(s.figures() for s in e.result.shapes.values()) for e in entries)
     return EXIT_OK if measured else EXIT_UNMEASURED
 
 
-def _accept(args: argparse.Namespace, host: Any, err: Console) -> int:
+def _accept(args: argparse.Namespace, host: InventoryHost, err: Console) -> int:
     want = load_desired(host.name, host.data)
     err.print(f"{host.name}: benching its active stack on the host "
               f"({args.warmup} warm-up round(s), {args.runs} run(s) per shape) ...")
