@@ -36,10 +36,6 @@ class HostView:
     probe: HostProbe | None = None
     error: str | None = None
 
-    @property
-    def name(self) -> str:
-        return self.host.name
-
 
 def each_host(hosts: Sequence[InventoryHost], fn: Callable[[InventoryHost], T],
               error_row: Callable[[InventoryHost, str], T], *,

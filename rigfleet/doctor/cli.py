@@ -138,9 +138,10 @@ def run(args: argparse.Namespace) -> int:
 
     hosts = gpu_hosts(fleet_hosts(args))
     console.print(f"doctor: {len(hosts)} host(s), {args.load_s:g} s of load each ...")
-    diagnoses = [examine(v.name, v.probe, v.want.settings.catalog, v.want.settings.throughput_scale)
+    diagnoses = [examine(v.host.name, v.probe, v.want.settings.catalog,
+                         v.want.settings.throughput_scale)
                  if v.want is not None and v.probe is not None
-                 else Diagnosis(v.name, error=v.error or "no probe")
+                 else Diagnosis(v.host.name, error=v.error or "no probe")
                  for v in fleet_view(hosts, SshRemote(connect_timeout=args.timeout),
                                      timeout=args.load_s + args.timeout, doctor_load_s=args.load_s)]
     judge_fleet(diagnoses)

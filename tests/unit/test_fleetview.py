@@ -86,7 +86,7 @@ def test_fleet_view_gives_each_host_its_want_and_probe_or_why_not(tmp_path: Path
     remote = FakeRemote({"rig-a": converged_facts(want),
                          "rig-b": HostUnreachable("rig-b: ssh 10.0.0.8:22: timed out")})
     views = fleet_view([good, down, bad], remote, timeout=5)
-    assert [v.name for v in views] == ["rig-a", "rig-b", "rig-c"]
+    assert [v.host.name for v in views] == ["rig-a", "rig-b", "rig-c"]
     assert views[0].probe is not None and views[0].probe.state["stack"] == "int8"
     assert views[0].error is None
     assert views[1].want is not None and views[1].probe is None
