@@ -50,20 +50,15 @@ class Table:
         whole = self._kept(i) or longest <= SHORT
         return (longest if whole else min(longest, MIN_WRAP)), whole
 
-    def _shown(self, widths: list[tuple[int, bool]], width: int) -> list[int]:
-        """The columns in the table at ``width`` characters (the others move to notes)."""
-        shown = list(range(len(self.columns)))
-        movable = [i for i in shown if not self._kept(i)]
-        # each column: its text, one space of padding and one of the box's divider
-        while movable and sum(widths[i][0] + 2 for i in shown) - 1 > width:
-            shown.remove(movable.pop())
-        return shown
-
     def print(self, console: Console) -> None:
         rows = [[c if isinstance(c, Text) else Text(str(c)) for c in cells]
                 for cells in self.rows]
         widths = [self._width(i, rows) for i in range(len(self.columns))]
-        shown = self._shown(widths, console.width)
+        shown = list(range(len(self.columns)))  # the others move to notes
+        movable = [i for i in shown if not self._kept(i)]
+        # each column: its text, one space of padding and one of the box's divider
+        while movable and sum(widths[i][0] + 2 for i in shown) - 1 > console.width:
+            shown.remove(movable.pop())
         table = RichTable(title=self.title, title_justify="left", box=box.SIMPLE_HEAD,
                           show_edge=False, padding=(0, 1, 0, 0))
         for i in shown:
