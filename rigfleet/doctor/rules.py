@@ -330,10 +330,9 @@ class Verdict:
         return bool(self.reasons)
 
     def to_dict(self) -> dict[str, object]:
-        return {"now": self.now, "baseline": self.baseline,
-                "baseline_source": self.baseline_source, "fleet_median": self.fleet_median,
-                "fleet_hosts": self.fleet_hosts, "margin": self.margin, "slow": self.slow,
-                "reasons": list(self.reasons)}
+        out = asdict(self)
+        reasons = out.pop("reasons")  # after "slow"
+        return {**out, "slow": self.slow, "reasons": reasons}
 
 
 def verdict(now: float | None, baseline: float | None, baseline_source: str,
