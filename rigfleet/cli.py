@@ -1,8 +1,6 @@
 """The ``rigfleet`` command: what pyinfra's own CLI does not do (the converge itself is plain
-pyinfra: ``pyinfra inventory/home.py deploy.py``). Each command module registers itself with
-``add_parser(subparsers)`` (listed in ``_commands``); fleet options: ``rigfleet/cliargs.py``.
-Usage errors exit 2 (``verify``: 101, its exit status counts failed checks), other expected
-errors 1, or the command's ``inventory_exit`` when the inventory cannot be read.
+pyinfra). Each command module registers itself with ``add_parser(subparsers)`` (``_commands``);
+fleet options and exit statuses: ``rigfleet/cliargs.py`` (``verify``'s usage errors exit 101).
 """
 
 from __future__ import annotations
@@ -153,9 +151,6 @@ def roll_table(result: Any) -> Table:
         if h.reason and h.status is not Status.MAINTAINED:
             table.note(h.host, h.reason)
     return table
-
-
-# --- registration: each command module adds its parser --------------------------------------
 
 
 def _add_testbed(sub: Any) -> None:

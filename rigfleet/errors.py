@@ -1,7 +1,5 @@
-"""The base of the errors rigfleet reports to a person: each concern raises its own subclass
-(``PinsError``, ``HostDataError``, ...) whose message names where the problem is, the bad value
-and what would be allowed; catch ``RigfleetError`` to print any of them without a traceback.
-"""
+"""The base of the errors rigfleet reports to a person (``PinsError``, ``HostDataError``, ...:
+the message names where, the bad value and what is allowed); catch it to print, no traceback."""
 
 from __future__ import annotations
 
