@@ -33,9 +33,8 @@ class EndpointCheck:
 
 def front_url(host: InventoryHost, settings: HostSettings) -> str:
     """The host's serving endpoint: ``front_url`` in host data, else ssh host + front port."""
-    if settings.front_url:
-        return settings.front_url.rstrip("/")
-    return f"{settings.front_scheme}://{host.ssh_target[0]}:{settings.front_port}"
+    return (settings.front_url
+            or f"{settings.front_scheme}://{host.ssh_target[0]}:{settings.front_port}").rstrip("/")
 
 
 def front_context(tls: FrontTls | None) -> ssl.SSLContext | None:

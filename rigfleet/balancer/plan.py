@@ -36,7 +36,6 @@ class BalancerError(RigfleetError, ValueError):
 
 @dataclass(frozen=True)
 class GpuHost:
-
     name: str
     settings: HostSettings
     ssh_hostname: str | None = None

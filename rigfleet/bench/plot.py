@@ -83,8 +83,7 @@ def _depth_panel(ax: Any, rows: list[Entry]) -> bool:
                   if d.run is not None and d.run.decode_tok_s is not None]
         if points:
             ax.plot(*zip(*points, strict=True), marker="o", label=f"{e.host} (depth)")
-    ax.set_xlabel("context depth (K tokens)")
-    ax.set_ylabel("decode tok/s")
+    ax.set(xlabel="context depth (K tokens)", ylabel="decode tok/s")
     ax.set_title("decode by context depth", fontsize=10)
     ax.grid(alpha=0.3)
     return bool(ax.get_lines())
@@ -99,8 +98,7 @@ def _concurrency_panel(ax: Any, rows: list[Entry]) -> bool:
         ax.bar(i + 0.2, agg, 0.4, color="#956cb4", label="all streams")
         ax.annotate(f"{c.streams} streams", (i, agg), xytext=(0, 3),
                     textcoords="offset points", ha="center", fontsize=7)
-    ax.set_xticks(range(len(have)))
-    ax.set_xticklabels([h for h, _ in have], fontsize=8)
+    ax.set_xticks(range(len(have)), [h for h, _ in have], fontsize=8)
     ax.set_ylabel("tok/s")
     ax.set_title("concurrency run", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
