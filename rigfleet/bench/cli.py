@@ -126,11 +126,10 @@ def settings_for(target: Target, runs: int, warmup: int, concurrency: int | None
 def accept_baseline(remote: Remote, host: InventoryHost, want: DesiredHost, runs: int,
                     warmup: int, by: str = "", timeout_s: float = 300.0) -> dict[str, Any]:
     """The host's answer to ``bench --accept-baseline``; ``RuntimeError`` when none recorded."""
-    command = hosttool.bench("--accept-baseline", "--scale",
-                             f"{want.settings.throughput_scale:g}", "--by", by or deployed_by(),
-                             "--runs", str(runs), "--warmup", str(warmup), "--json", "--quiet",
-                             "--timeout-s", f"{timeout_s:g}")
-    rc, out = remote.run(host, command, timeout=3600)
+    rc, out = remote.run(host, hosttool.bench(
+        "--accept-baseline", "--scale", f"{want.settings.throughput_scale:g}", "--by",
+        by or deployed_by(), "--runs", str(runs), "--warmup", str(warmup), "--json", "--quiet",
+        "--timeout-s", f"{timeout_s:g}"), timeout=3600)
     data = last_json(out)
     if rc == 0 and data is not None and data.get("accepted"):
         return data
