@@ -48,8 +48,7 @@ class Diagnosis:
 
 
 def examine(host: str, probe: HostProbe, catalog: Catalog, scale: float = 1.0) -> Diagnosis:
-    """The evidence, causes and baseline of one probed host (``judge_fleet`` adds its peers);
-    ``scale``: the host's throughput_scale."""
+    """One probed host's evidence, causes and baseline (``judge_fleet`` adds its peers)."""
     ev = parse_evidence(host, probe.section("doctor"))
     stack = ev.stack or probe.state.get("stack")
     stack = stack if isinstance(stack, str) else None
