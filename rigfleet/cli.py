@@ -117,10 +117,9 @@ def cmd_roll(args: argparse.Namespace) -> int:
         show(args.json, {"batches": [list(b) for b in plan.batches],
                          "serving": sorted(plan.serving), "skipped": dict(plan.skipped)})
         return 0 if plan.batches else 1
-    if not plan.batches:
-        console.print("[red]error:[/red] reached no host: every host was skipped "
-                      "(unreachable or busy, above); nothing ran")
-        return 1
+    if not plan.batches:  # run_command prints it as an error line, exit 1
+        raise RuntimeError("reached no host: every host was skipped (unreachable or busy, "
+                           "above); nothing ran")
     confirm(args, f"converge {sum(map(len, plan.batches))} host(s) in {len(plan.batches)} "
                   "batch(es) (driver installs, reboots, Docker restarts as the pins need)")
     with progress("rolling") as on_line:
