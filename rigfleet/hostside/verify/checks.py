@@ -1,7 +1,5 @@
-"""The gate's checks: preflight, the seven checks of club-3090's "7/7", soak, spec_decode,
-throughput. Each is ``fn(ctx, out) -> out`` (sharing ``Context``), filling the result it is
-handed; :data:`CHECKS` lists them in run order with their titles (named after the function).
-The rules they share are in docs/bench.md ("The verify-stress gate's rules")::
+"""The gate's checks (club-3090's "7/7" and more), in run order in :data:`CHECKS`; each fills
+the result it is handed. Rules: docs/bench.md, "The verify-stress gate's rules"::
 
     ctx = Context(client, profile, progress)
     for check, title in CHECKS:
@@ -233,9 +231,8 @@ def needles_deep(ctx: Context, out: CheckResult) -> CheckResult:
 
 
 def tool_prefill(ctx: Context, out: CheckResult) -> CheckResult:
-    """A long tool result (FULL ~25K tokens of news) followed by a summary request: a 200 with
-    >= prefill_min_chars of healthy text (or a tool call) passes; empty = silent prefill
-    truncation; 500 = OOM during prefill."""
+    """A long tool result (FULL ~25K tokens of news), then a summary request: >= prefill_min_chars
+    of healthy text (or a tool call) passes; empty: silent truncation; 500: OOM in prefill."""
     p = ctx.profile
     seed = random.SystemRandom().randrange(2**31)
     tools = [prompts.FETCH_NEWS_TOOL]
@@ -509,9 +506,8 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
 
 
 def throughput(ctx: Context, out: CheckResult) -> CheckResult:
-    """Decode speed against the host's baseline, its spread, and MTP acceptance per draft
-    position (the bench's core; docs/bench.md); the record is kept in ``ctx.throughput_record``
-    for the runner to write."""
+    """Decode speed against the host's baseline, its CV, MTP acceptance per draft position; the
+    record goes to ``ctx.throughput_record`` for the runner to write."""
     p = ctx.profile
     bench = Bench(ctx.client, BenchSettings(runs=p.throughput_runs, warmup=p.throughput_warmup,
                                             timeout_s=p.throughput_timeout_s),

@@ -225,11 +225,24 @@ class Client:
                     out.error = "stream error: " + str(
                         err.get("message") if isinstance(err, dict) else err)
                     break
-                usage = event.get("usage")
-                if isinstance(usage, dict):
+                if isinstance(usage := event.get("usage"), dict):
                     out.usage = usage
+                so_far = usage.get("completion_tokens") if isinstance(usage, dict) else None
                 try:
-                    self._read_choices(out, event, calls, content, reasoning, t0)
+                    for choice in event.get("choices") or []:
+                        delta = choice.get("delta") or {}
+                        piece, rpiece = _texts(delta)
+                        content.append(piece)
+                        reasoning.append(rpiece)
+                        for tc in (tools := delta.get("tool_calls") or []):
+                            _merge_tool_delta(calls, tc)
+                        if (piece or rpiece or tools) and out.first_token is None:
+                            out.first_token = time.monotonic() - t0
+                            out.first_tokens = so_far if isinstance(so_far, int) else None
+                        if (piece or tools) and out.ttft is None:
+                            out.ttft = time.monotonic() - t0
+                        if choice.get("finish_reason"):
+                            out.finish_reason = choice["finish_reason"]
                 except (AttributeError, TypeError, KeyError):
                     out.error = f"malformed SSE event: {payload[:120]!r}"
                     break
@@ -242,27 +255,6 @@ class Client:
         out.tool_calls = [calls[i] for i in sorted(calls)]
         out.seconds = time.monotonic() - t0
         return out
-
-    @staticmethod
-    def _read_choices(out: ChatResult, event: dict[str, Any], calls: dict[int, dict[str, Any]],
-                      content: list[str], reasoning: list[str], t0: float) -> None:
-        """One event's choices into ``out``; AttributeError/TypeError for a malformed one."""
-        usage = event.get("usage")
-        for choice in event.get("choices") or []:
-            delta = choice.get("delta") or {}
-            piece, rpiece = _texts(delta)
-            content.append(piece)
-            reasoning.append(rpiece)
-            for tc in delta.get("tool_calls") or []:
-                _merge_tool_delta(calls, tc)
-            if (piece or rpiece or delta.get("tool_calls")) and out.first_token is None:
-                out.first_token = time.monotonic() - t0
-                so_far = (usage if isinstance(usage, dict) else {}).get("completion_tokens")
-                out.first_tokens = so_far if isinstance(so_far, int) else None
-            if (piece or delta.get("tool_calls")) and out.ttft is None:
-                out.ttft = time.monotonic() - t0
-            if choice.get("finish_reason"):
-                out.finish_reason = choice["finish_reason"]
 
 
 def max_model_len(card: dict[str, Any]) -> int | None:
