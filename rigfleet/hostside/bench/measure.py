@@ -1,6 +1,5 @@
-"""The bench's measuring core (the package docstring says where it runs): requests in the
-bench's shapes (and at context depths: a long salted prompt, then a short continuation),
-streamed and reduced to figures (definitions: docs/bench.md, "What is measured")::
+"""The bench's measuring core: streamed requests in the bench's shapes and at context depths,
+reduced to figures (definitions: docs/bench.md, "What is measured")::
 
     result = Bench(Client(url, key), BenchSettings(concurrency=2, depths=(16000,))).run()
     result.shapes["code"].decode_mean, result.shapes["code"].acceptance
@@ -219,10 +218,9 @@ class ShapeResult:
     @property
     def decode_cv(self) -> float | None:
         """Sample standard deviation over the mean; None for fewer than two measured runs."""
-        if len(decode := self.decode) < 2:
+        if len(decode := self.decode) < 2 or (m := statistics.fmean(decode)) <= 0:
             return None
-        m = statistics.fmean(decode)
-        return statistics.stdev(decode) / m if m > 0 else None
+        return statistics.stdev(decode) / m
 
     @property
     def wall_mean(self) -> float | None:

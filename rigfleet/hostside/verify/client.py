@@ -60,8 +60,7 @@ class HttpResult:
 
 @dataclass
 class ChatResult(HttpResult):
-    """A chat completion, streamed or not, reduced to what the checks look at (``body``: the
-    raw body of a non-streamed or failed exchange)."""
+    """A chat completion, streamed or not (``body``: a non-streamed or failed exchange's)."""
 
     ttft: float | None = None  # streaming: seconds to the first content/tool byte
     first_token: float | None = None  # streaming: to the first token of any kind (decode start)

@@ -1,8 +1,5 @@
-"""Output-health detectors, run on every reply the gate receives.
-
-A server with a broken KV read path still answers 200 quickly; what gives it away is the
-text. Each detector returns a named :class:`Finding` or None; ``scan`` runs them all, with
-the profile's ``health_*`` thresholds::
+"""Output-health detectors for every reply the gate receives (a broken KV read path still
+answers 200 quickly: the text gives it away); ``scan`` runs them with the ``health_*`` limits::
 
     scan(content="...", reasoning="", tool_calls=[], finish_reason="stop", prof=FULL)
 """
