@@ -129,25 +129,22 @@ def load(client: Client, model: str, seconds: float,
     idle = sample()
     bench = Bench(client, BenchSettings(runs=1, warmup=0), model=model)
     results: list[ShapeResult] = []
-    done = threading.Event()
 
     def work() -> None:
         deadline = time.monotonic() + seconds
-        try:
-            while not results or time.monotonic() < deadline:
-                results.append(bench.shape(NARRATIVE))
-                if results[-1].failed:
-                    break
-        finally:
-            done.set()
+        while not results or time.monotonic() < deadline:
+            results.append(bench.shape(NARRATIVE))
+            if results[-1].failed:
+                break
 
     worker = threading.Thread(target=work, name="doctor-load", daemon=True)
     worker.start()
     samples = []
     # The first sample once the first request decodes (the link trains up under load).
-    while not done.wait(interval_s):
+    worker.join(interval_s)
+    while worker.is_alive():
         samples.append(sample())
-    worker.join(5)
+        worker.join(interval_s)
     runs = [r for s in results for r in s.runs]
     decode = [r.decode_tok_s for r in runs if r.decode_tok_s is not None]
     accepted = [s.acceptance for s in results if s.acceptance is not None]

@@ -185,8 +185,6 @@ class Client:
     def _read_stream(self, resp: Any, t0: float, timeout: float) -> ChatResult:
         out = ChatResult(resp.status)
         calls: dict[int, dict[str, Any]] = {}
-        content: list[str] = []
-        reasoning: list[str] = []
         done = False
         sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
         try:
@@ -231,8 +229,8 @@ class Client:
                     for choice in event.get("choices") or []:
                         delta = choice.get("delta") or {}
                         piece, rpiece = _texts(delta)
-                        content.append(piece)
-                        reasoning.append(rpiece)
+                        out.content += piece
+                        out.reasoning += rpiece
                         for tc in (tools := delta.get("tool_calls") or []):
                             _merge_tool_delta(calls, tc)
                         if (piece or rpiece or tools) and out.first_token is None:
@@ -249,8 +247,6 @@ class Client:
             out.error = self._transport_error(exc)
         if not done and not out.error:
             out.error = "stream ended without [DONE] (connection dropped)"
-        out.content = "".join(content)
-        out.reasoning = "".join(reasoning)
         out.tool_calls = [calls[i] for i in sorted(calls)]
         out.seconds = time.monotonic() - t0
         return out
