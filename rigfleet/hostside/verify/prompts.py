@@ -9,6 +9,7 @@ server's own tokens: the server counts a prompt of some filler units (``/tokeniz
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import secrets
@@ -252,13 +253,10 @@ _CONVENTIONS = ("The billing module owns all currency arithmetic and rounds half
 
 def ide_preamble(chars: int) -> str:
     """A coding-agent system prompt of about ``chars`` characters."""
-    text = _PREAMBLE
-    i = 0
-    if len(text) < chars:
-        text += "\n# Project conventions\n"
+    conventions = (f"- ({i}) {c}\n" for i, c in enumerate(itertools.cycle(_CONVENTIONS), 1))
+    text = _PREAMBLE + "\n# Project conventions\n"  # cut off below when it would not fit
     while len(text) < chars:
-        text += f"- ({i + 1}) {_CONVENTIONS[i % len(_CONVENTIONS)]}\n"
-        i += 1
+        text += next(conventions)
     if len(text) > chars:
         cut = text.rfind("\n", 0, chars)
         text = text[: cut + 1] if cut > chars // 2 else text[:chars]
