@@ -52,9 +52,8 @@ Runner = Callable[[list[str], float], tuple[int, str, str]]
 
 
 def query_gpus(run: Runner = stackctl.run) -> dict[str, Any]:
-    """One nvidia-smi sample: ``{"t", "fields", "rc", "stdout", "stderr"}``. A field this
-    driver does not know is dropped (older drivers spell ``clocks_event_reasons`` as
-    ``clocks_throttle_reasons``: tried before dropping)."""
+    """One nvidia-smi sample: ``{"t", "fields", "rc", "stdout", "stderr"}``; a field the driver
+    does not know is dropped (after trying older drivers' ``clocks_throttle_reasons``)."""
     wanted = list(GPU_FIELDS)
     for _ in GPU_FIELDS:
         rc, out, err = run(stackctl.smi_command(",".join(wanted)), 20)
@@ -122,9 +121,8 @@ def container_facts(container: str, run: Runner = stackctl.run) -> dict[str, Any
 
 def load(client: Client, model: str, seconds: float,
          sample: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``{"gpu": {"idle", "load"}, "load"}``: narrative requests for about ``seconds`` (at
-    least one), with a GPU sample before and every second during the load (more often for a
-    short load: four samples at least while it runs)."""
+    """``{"gpu": {"idle", "load"}, "load"}``: narrative requests for about ``seconds`` (one at
+    least), a GPU sample before and every second of it (four at least while it runs)."""
     interval_s = min(1.0, max(seconds / 4, 0.05))
     idle = sample()
     bench = Bench(client, BenchSettings(runs=1, warmup=0), model=model)

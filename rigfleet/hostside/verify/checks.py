@@ -275,8 +275,7 @@ def ide_oneshot(ctx: Context, out: CheckResult) -> CheckResult:
 
 
 def agent_multiturn(ctx: Context, out: CheckResult) -> CheckResult:
-    """Turn 1 must call read_file (with JSON arguments); the tool result goes back; turn 2
-    must be healthy text."""
+    """Turn 1 must call read_file with JSON arguments; given its result, turn 2 healthy text."""
     p = ctx.profile
     tools = prompts.tools(p.agent_tools)
     msgs: prompts.Messages = [{"role": "system", "content": prompts.AGENT_SYSTEM},
@@ -372,10 +371,9 @@ class _Turn:
 
 
 def soak(ctx: Context, out: CheckResult) -> CheckResult:
-    """Concurrent multi-turn sessions that accumulate context (club-3090 soak-test). A
-    silent-empty turn is HTTP 200 + 0 completion tokens + wall >= soak_silent_empty_min_s.
-    Fails on: silent-empty or unhealthy turns at/above soak_fail_rate, any non-200 or stream
-    error, turns left unsent when soak_timeout_s runs out."""
+    """Concurrent multi-turn sessions that accumulate context (club-3090 soak-test); fails on
+    silent-empty (200, 0 tokens, >= soak_silent_empty_min_s) or unhealthy turns at/above
+    soak_fail_rate, any non-200 or stream error, turns unsent when soak_timeout_s runs out."""
     p = ctx.profile
     deadline = time.monotonic() + p.soak_timeout_s
     turns: list[_Turn] = []

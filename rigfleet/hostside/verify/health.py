@@ -59,8 +59,7 @@ def detect_empty(content: str, tool_calls: list[Any] | None = None, reasoning: s
 
 
 def detect_punctuation_flood(text: str, prof: Profile) -> Finding | None:
-    """``!!!!``-style runs, long runs of mixed punctuation, or prose that is mostly
-    punctuation (over ``health_punct_ratio`` of its letters, digits and punctuation)."""
+    """``!!!!``-style runs, long mixed runs, or prose over ``health_punct_ratio`` punctuation."""
     prose = _prose(text)
     if run := re.search(r"([!?¡¿])\1{" + str(prof.health_punct_run - 1) + ",}", prose):
         return Finding("punctuation_flood", f"a run of {len(run.group(0))} '{run.group(1)}'",
@@ -141,8 +140,7 @@ _TEXT_DETECTORS = (detect_punctuation_flood, detect_first_word_repetition, detec
 
 def scan(content: str, reasoning: str, tool_calls: list[Any], finish_reason: str | None,
          prof: Profile) -> list[Finding]:
-    """The empty check, then the text detectors over each non-blank text (and the tool-call
-    leak over the content)."""
+    """The empty check, the text detectors over each non-blank text, the leak over the content."""
     found = [("content", detect_empty(content, tool_calls, reasoning, finish_reason))]
     for where, text in (("content", content), ("reasoning", reasoning)):
         if text.strip():

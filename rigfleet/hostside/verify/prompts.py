@@ -457,8 +457,7 @@ def chat_body(model: str, messages: Messages, max_tokens: int, temperature: floa
 
 def server_sizer(client: Client, model: str, timeout: float, chat_timeout: float,
                  note: Callable[[str], None], tolerance: float = 0.02) -> Sizer:
-    """A :class:`Sizer` counting prompt tokens by ``/tokenize``, else (once it is missing) by
-    1-token completions' usage."""
+    """A :class:`Sizer` counting by ``/tokenize``, else (once it is missing) 1-token completions."""
     tokenize = True
 
     def count(messages: Messages, tools: Tools) -> int | None:

@@ -31,8 +31,7 @@ EXIT_INTERRUPTED = 130
 
 
 class ConsoleProgress(Progress):
-    """One line when a check starts, one when it ends (status, time, summary); dots (and a
-    count every ten) while a check sends many requests, e.g. the soak."""
+    """A line as each check starts and ends; dots (a count every ten) while one sends many."""
 
     def __init__(self, stream: TextIO | None = sys.stderr):
         self.stream = stream
