@@ -35,8 +35,7 @@ class Entry:
     error: str = ""
 
     def decode(self, shape: str) -> float | None:
-        s = self.result.shapes.get(shape)
-        return s.decode_mean if s else None
+        return s.decode_mean if (s := self.result.shapes.get(shape)) else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "stack": self.stack, "scale": self.scale,
