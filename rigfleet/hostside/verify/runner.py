@@ -22,7 +22,7 @@ from ..layout import THROUGHPUT_HISTORY_NAME, THROUGHPUT_LAST_NAME
 from ..records import ThroughputRecord
 from . import checks, report
 from .client import Client, check_ca_file, redact_url
-from .profiles import PROFILES, Profile, ProfileError, resolve
+from .profiles import PROFILES, Profile, resolve
 from .report import FAIL, SKIP, CheckResult, Report
 
 EXIT_USAGE = 101
@@ -184,20 +184,18 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                         + ",".join(checks.CHECK_NAMES))
     p.add_argument("--quiet", action="store_true", help="no progress output")
     args = p.parse_args(argv)
-    try:
-        prof = resolve(args.profile, args.sets)
-    except ProfileError as exc:
-        p.error(str(exc))
     only = None
-    if args.only:
-        only = [c.strip() for c in args.only.split(",") if c.strip()]
-        bad = [c for c in only if c not in checks.CHECK_NAMES]
-        if bad or not only:
-            p.error(f"--only {args.only}: unknown check(s) {', '.join(bad) or '(none)'}; "
-                    f"allowed: {', '.join(checks.CHECK_NAMES)}")
-    if not args.url.startswith(("http://", "https://")):
-        p.error(f"--url {args.url}: expected http://HOST:PORT or https://...")
-    try:
+    try:  # in this order: a profile's ProfileError is a ValueError too
+        prof = resolve(args.profile, args.sets)
+        if args.only:
+            only = [c.strip() for c in args.only.split(",") if c.strip()]
+            bad = [c for c in only if c not in checks.CHECK_NAMES]
+            if bad or not only:
+                raise ValueError(f"--only {args.only}: unknown check(s) "
+                                 f"{', '.join(bad) or '(none)'}; "
+                                 f"allowed: {', '.join(checks.CHECK_NAMES)}")
+        if not args.url.startswith(("http://", "https://")):
+            raise ValueError(f"--url {args.url}: expected http://HOST:PORT or https://...")
         key = read_api_key(args.api_key_file) if args.api_key_file else None
         check_ca_file(args.ca_file)
     except ValueError as exc:
