@@ -36,8 +36,7 @@ class Sample:
 def parse(text: str) -> list[Sample]:
     out: list[Sample] = []
     for line in text.splitlines():
-        m = _LINE.match(line.strip())  # no match: blank, # HELP / # TYPE, malformed
-        if not m:
+        if not (m := _LINE.match(line.strip())):  # blank, # HELP / # TYPE, malformed
             continue
         try:
             value = float(m.group("value"))
