@@ -170,9 +170,8 @@ def _needles(ctx: Context, out: CheckResult, depths: tuple[int, ...]) -> CheckRe
     for depth in depths:
         secret, salt = prompts.new_secret()
         position = round(random.SystemRandom().uniform(0.05, 0.95), 3)
-        row: dict[str, Any] = {"depth_tokens": depth, "needle_position": position,
-                               "expected": secret}
-        attempts.append(row)
+        attempts.append(row := {"depth_tokens": depth, "needle_position": position,
+                                "expected": secret})
         where = f"{depth} tok"
         try:
             sized = ctx.sizer.fit("needle", partial(prompts.needle_messages, secret, salt,

@@ -99,8 +99,7 @@ def needle_messages(secret: str, salt: str, units: int, position: float) -> Mess
     before = round(units * position)
     parts = (f"SESSION-{salt}.", filler(before), NEEDLE.format(secret=secret),
              filler(units - before, offset=before))
-    text = " ".join(part for part in parts if part) + "\n\n" + NEEDLE_QUESTION
-    return [{"role": "user", "content": text}]
+    return [{"role": "user", "content": " ".join(p for p in parts if p) + "\n\n" + NEEDLE_QUESTION}]
 
 
 _SECTORS = ("semiconductor", "banking", "insurance", "retail", "energy", "shipping",
