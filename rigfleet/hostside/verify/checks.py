@@ -523,14 +523,13 @@ def throughput(ctx: Context, out: CheckResult) -> CheckResult:
                         p.throughput_history_n, min_records=p.throughput_history_min)
     limits = Limits(p.throughput_margin, p.throughput_cv_max, p.throughput_acceptance_floor)
     judged = bool(p.throughput_stack) or any(v > 0 for v in reference.values())
-    findings = judge(measured, acceptance, base, limits)
+    out.findings = judge(measured, acceptance, base, limits)
     if not judged:
-        findings = [f for f in findings if f.name == "no_measurement"]
+        out.findings = [f for f in out.findings if f.name == "no_measurement"]
     # The gate-wide rule: 5xx, connection errors and timeouts fail, a measured run or not.
-    findings += [_failed_runs(r) for name, r in results.items()
-                 if r.failed and measured[name] is not None]
-    out.findings = findings
-    out.status = FAIL if findings else PASS
+    out.findings += [_failed_runs(r) for name, r in results.items()
+                     if r.failed and measured[name] is not None]
+    out.status = FAIL if out.findings else PASS
     out.details = {"stack": p.throughput_stack or None, "judged": judged,
                    "baseline": base.to_dict(), "history_records": len(history),
                    "limits": encode(limits),
@@ -540,7 +539,7 @@ def throughput(ctx: Context, out: CheckResult) -> CheckResult:
     ctx.throughput_record = bench.result.record(
         p.throughput_stack or ctx.model, result=out.status, acceptance=acceptance,
         scale=p.throughput_scale, baseline=base.to_dict(), version=ctx.version)
-    out.summary = _summary(measured, base, code, findings, judged)
+    out.summary = _summary(measured, base, code, out.findings, judged)
     return out
 
 
