@@ -185,7 +185,6 @@ class Client:
     def _read_stream(self, resp: Any, t0: float, timeout: float) -> ChatResult:
         out = ChatResult(resp.status)
         calls: dict[int, dict[str, Any]] = {}
-        done = False
         sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
         try:
             while True:
@@ -202,13 +201,13 @@ class Client:
                     out.error = f"timed out after {timeout:.0f}s (stream still running)"
                     break
                 if not line:
+                    out.error = "stream ended without [DONE] (connection dropped)"
                     break
                 text = line.decode("utf-8", "replace").strip()
                 if not text.startswith("data:"):
                     continue  # blank separators, ": keep-alive" comments, "event:" lines
                 payload = text[len("data:"):].strip()
                 if payload == "[DONE]":
-                    done = True
                     break
                 try:
                     event = json.loads(payload)
@@ -245,8 +244,6 @@ class Client:
                     break
         except (OSError, http.client.HTTPException) as exc:
             out.error = self._transport_error(exc)
-        if not done and not out.error:
-            out.error = "stream ended without [DONE] (connection dropped)"
         out.tool_calls = [calls[i] for i in sorted(calls)]
         out.seconds = time.monotonic() - t0
         return out
