@@ -30,8 +30,7 @@ GPU_FIELDS: tuple[str, ...] = (
 )  # fmt: skip
 _INVALID_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
 
-# Engine log lines that say how it runs (vLLM's own wording; seed 004 and the testbed's
-# engine print the same lines).
+# Engine log lines that say how it runs (vLLM's wording; seed 004 and the testbed print them).
 _BACKEND = re.compile(r"Using ([A-Za-z0-9 ]+?) backend\.")
 _DOWNGRADE = re.compile(r"CUDAGraphMode\.(\w+) is not supported with spec-decode .*?"
                         r"setting cudagraph_mode=(\w+)")

@@ -152,8 +152,7 @@ def preflight(ctx: Context, out: CheckResult) -> CheckResult:
                        max_model_len=ctx.max_model_len, version=ctx.version or None)
     # Counters before any of the gate's own traffic (spec_decode measures the difference).
     ctx.metrics_before = metrics.scrape(ctx.client, p.preflight_timeout_s)
-    # One token: a server that boots but cannot generate is down for our purposes (the
-    # first request also absorbs lazy compilation, so it is not timed against any check).
+    # One token: a server that cannot generate is down; it also absorbs lazy compilation.
     warm = ctx.chat([{"role": "user", "content": "ping"}], 1, 0.0, p.warmup_timeout_s)
     out.details["warmup"] = _attempt(warm)
     if not warm.ok:

@@ -33,8 +33,7 @@ _INLINE_CODE = re.compile(r"`[^`\n]*`")
 # LaTeX math ($...$, $$...$$, \[...\], \(...\)): braces and carets are its syntax.
 _MATH = re.compile(r"\$\$.*?\$\$|\\\[.*?\\\]|\\\(.*?\\\)|\$[^$\n]+\$", re.DOTALL)
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
-# Characters that are markdown syntax in healthy answers (lists, tables, headings, rules,
-# emphasis, quotes) rather than sentence punctuation; they never count towards a flood.
+# Markdown syntax in healthy answers (lists, tables, headings, rules, emphasis): never a flood.
 _MARKUP = set("-*#|_`>~=+<[]/\\")
 _MIXED_FLOOD = re.compile(r"(?:[" + re.escape("!?.,;:¡¿") + r"]\s*){12,}")
 
