@@ -68,9 +68,7 @@ def cell(value: float | None, fmt: str = ".1f") -> str:
 
 
 def _vs(value: float | None, against: float | None) -> str:
-    if value is None or not against:
-        return "-"
-    return f"{value / against:.0%} of {against:.1f}"
+    return "-" if value is None or not against else f"{value / against:.0%} of {against:.1f}"
 
 
 def markdown(entries: Sequence[Entry]) -> str:
