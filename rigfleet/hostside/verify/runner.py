@@ -25,9 +25,7 @@ from .client import Client, check_ca_file, redact_url
 from .profiles import PROFILES, Profile, resolve
 from .report import FAIL, SKIP, CheckResult, Report
 
-EXIT_USAGE = 101
-EXIT_REPORT = 102
-EXIT_INTERRUPTED = 130
+EXIT_USAGE, EXIT_REPORT, EXIT_INTERRUPTED = 101, 102, 130
 
 
 class ConsoleProgress(Progress):
