@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     args = p.parse_args(argv)
     only = None
-    try:  # in this order: a profile's ProfileError is a ValueError too
+    try:  # each a usage error, in this order (ProfileError is a ValueError)
         prof = resolve(args.profile, args.sets)
         if args.only:
             only = [c.strip() for c in args.only.split(",") if c.strip()]
