@@ -109,11 +109,9 @@ class Client:
 
     def _request(self, method: str, path: str, body: Any | None) -> urllib.request.Request:
         data = None if body is None else json.dumps(body, ensure_ascii=False).encode("utf-8")
-        headers = {"User-Agent": USER_AGENT, "Accept": "application/json, text/event-stream"}
-        if data is not None:
-            headers["Content-Type"] = "application/json"
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
+        headers = {"User-Agent": USER_AGENT, "Accept": "application/json, text/event-stream",
+                   **({"Content-Type": "application/json"} if data is not None else {}),
+                   **({"Authorization": f"Bearer {self._api_key}"} if self._api_key else {})}
         return urllib.request.Request(self.base_url + path, data=data, headers=headers,
                                       method=method)
 

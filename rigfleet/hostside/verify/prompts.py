@@ -434,8 +434,7 @@ class Sizer:
             tried.append(Sized(msgs, units, n))
             if abs(n - target) <= self.tolerance * target:
                 return tried[-1]
-            step = round((target - n) / per_unit)
-            if step == 0:
+            if (step := round((target - n) / per_unit)) == 0:
                 break
             units = max(0, units + step)
         return min(tried, key=lambda sized: abs(sized.tokens - target))
@@ -444,14 +443,10 @@ class Sizer:
 def chat_body(model: str, messages: Messages, max_tokens: int, temperature: float,
               tools: Tools = None, tool_choice: Any = None) -> dict[str, Any]:
     """A ``/v1/chat/completions`` body with thinking off."""
-    out: dict[str, Any] = {
-        "model": model, "messages": messages, "max_tokens": max_tokens,
-        "temperature": temperature, "chat_template_kwargs": {"enable_thinking": False},
-    }
-    if tools:
-        out["tools"] = tools
-        out["tool_choice"] = tool_choice or "auto"
-    return out
+    tool_keys = {"tools": tools, "tool_choice": tool_choice or "auto"} if tools else {}
+    return {"model": model, "messages": messages, "max_tokens": max_tokens,
+            "temperature": temperature, "chat_template_kwargs": {"enable_thinking": False},
+            **tool_keys}
 
 
 def server_sizer(client: Client, model: str, timeout: float, chat_timeout: float,
@@ -462,11 +457,9 @@ def server_sizer(client: Client, model: str, timeout: float, chat_timeout: float
     def count(messages: Messages, tools: Tools) -> int | None:
         nonlocal tokenize
         if tokenize:
-            body: dict[str, Any] = {"model": model, "messages": messages,
-                                    "add_generation_prompt": True,
-                                    "chat_template_kwargs": {"enable_thinking": False}}
-            if tools:
-                body["tools"] = tools
+            body = {"model": model, "messages": messages, "add_generation_prompt": True,
+                    "chat_template_kwargs": {"enable_thinking": False},
+                    **({"tools": tools} if tools else {})}
             r = client.request("POST", "/tokenize", body, timeout=timeout)
             data = r.json() if r.status == 200 else None
             if isinstance(data, dict) and isinstance(data.get("count"), int):
