@@ -111,10 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                                baseline={"source": f"accepted by {args.by or 'hand'}"},
                                version=result.version)
         append_history(lay.throughput_dir, record)
-    paths = None
-    if args.report_dir:
-        paths = report.write([report.Entry(stack or result.url, stack, result, scale=args.scale)],
-                             args.report_dir, started)
+    paths = (report.write([report.Entry(stack or result.url, stack, result, scale=args.scale)],
+                          args.report_dir, started) if args.report_dir else None)
     if args.json:
         print(json.dumps({"stack": stack, "bench": result.to_dict(),
                           "accepted": record.to_dict() if record else None,

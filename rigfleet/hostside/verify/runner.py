@@ -113,10 +113,8 @@ def run(url: str, profile: Profile, api_key: str | None = None,
                 aborted = "preflight failed (server down or not serving)"
     rep.finished = report.now_iso()
     rep.seconds = time.monotonic() - t0
-    paths = None
-    if report_dir is not None:
-        paths = report.write_pair(report_dir, "verify", json.dumps(
-            rep.as_dict(), indent=2, ensure_ascii=False) + "\n", rep.markdown())
+    paths = report.write_pair(report_dir, "verify", json.dumps(
+        rep.as_dict(), indent=2, ensure_ascii=False) + "\n", rep.markdown()) if report_dir else None
     keep_throughput(ctx, rep, paths[0] if paths else None, progress)
     progress.footer(rep, paths)
     return rep, paths
