@@ -388,11 +388,10 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
             max_tokens = rng.randint(p.soak_turn_min_tokens, p.soak_turn_max_tokens)
             timeout = max(1.0, min(p.soak_request_timeout_s, deadline - time.monotonic()))
             res = ctx.chat(msgs, max_tokens, 0.7, timeout, stream=True)
-            tokens = res.completion_tokens
-            if tokens is None and res.ok:
-                # No usage in the stream: only "nothing at all came back" counts as 0.
-                tokens = 0 if not (res.content or res.reasoning or res.tool_calls) else None
-            silent = res.ok and tokens == 0 and res.seconds >= p.soak_silent_empty_min_s
+            # No usage in the stream: only "nothing at all came back" counts as 0 tokens.
+            zero = (res.completion_tokens == 0 if res.completion_tokens is not None
+                    else not (res.content or res.reasoning or res.tool_calls))
+            silent = res.ok and zero and res.seconds >= p.soak_silent_empty_min_s
             where = f"s{idx + 1}t{t + 1}"
             found = _health(ctx, res, where) if res.ok else []
             turns.append(_Turn(where, res, silent, found))  # list.append is atomic
@@ -424,9 +423,8 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
         # club-3090's soak levels, for comparison: >= 50 % silent-empty FAIL, 1-49 % WARN.
         reference_levels={"warn": "1-49% silent-empty", "fail": ">=50% silent-empty"},
     )
-    for t in errors[:5]:
-        out.findings.append(Finding("turn_error",
-                                    f"HTTP {t.res.status}: {t.res.error_message()[:200]}", t.where))
+    out.findings += [Finding("turn_error", f"HTTP {t.res.status}: {t.res.error_message()[:200]}",
+                             t.where) for t in errors[:5]]
     if len(errors) > 5:
         out.findings.append(Finding("turn_error", f"... and {len(errors) - 5} more failed turns"))
     if n and rate_silent >= p.soak_fail_rate:
