@@ -110,8 +110,7 @@ def markdown(entries: Sequence[Entry]) -> str:
             lines += ["", "History (verified gates, accepted baselines): " + ", ".join(
                 f"{h.at[:16]} {cell(h.decode('narrative'))}/{cell(h.decode('code'))}"
                 + (" (accepted)" if h.source == "accepted" else "") for h in e.history[-8:])]
-        lines += [f"- note: {n}" for n in r.notes]
-        lines.append("")
+        lines += [*(f"- note: {n}" for n in r.notes), ""]
     return "\n".join(lines) + "\n"
 
 
