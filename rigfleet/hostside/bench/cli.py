@@ -1,8 +1,6 @@
 """``rigfleet-host.pyz bench`` (``python3 -m rigfleet.hostside.bench``): the bench on a host.
 
-Without ``--url`` it benches the active stack on 127.0.0.1; ``--accept-baseline`` records the
-measurement as the stack's baseline on this host (docs/bench.md). Exit status: 0 measured,
-1 nothing measured, 2 usage or no active stack.
+Exit status: 0 measured, 1 nothing measured, 2 usage or no active stack (docs/bench.md).
 """
 
 from __future__ import annotations
