@@ -126,10 +126,7 @@ _COMPANIES = ("Northwind", "Contoso", "Fabrikam", "Tailspin", "Wingtip", "Litwar
 
 def news_article(rng: random.Random, index: int) -> str:
     """One synthetic financial news item (headline and a short body)."""
-    company = rng.choice(_COMPANIES)
-    sector = rng.choice(_SECTORS)
-    event = rng.choice(_EVENTS)
-    macro = rng.choice(_MACRO)
+    company, sector, event, macro = (rng.choice(c) for c in (_COMPANIES, _SECTORS, _EVENTS, _MACRO))
     pct = rng.uniform(0.4, 9.5)
     move = rng.choice(("rose", "fell", "slipped", "jumped", "recovered", "drifted lower"))
     return (
