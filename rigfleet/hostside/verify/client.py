@@ -183,6 +183,9 @@ class Client:
     def _read_stream(self, resp: Any, t0: float, timeout: float) -> ChatResult:
         out = ChatResult(resp.status)
         calls: dict[int, dict[str, Any]] = {}
+        content: list[str] = []
+        reasoning: list[str] = []
+        done = False
         sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
         try:
             while True:
@@ -199,13 +202,13 @@ class Client:
                     out.error = f"timed out after {timeout:.0f}s (stream still running)"
                     break
                 if not line:
-                    out.error = "stream ended without [DONE] (connection dropped)"
                     break
                 text = line.decode("utf-8", "replace").strip()
                 if not text.startswith("data:"):
                     continue  # blank separators, ": keep-alive" comments, "event:" lines
                 payload = text[len("data:"):].strip()
                 if payload == "[DONE]":
+                    done = True
                     break
                 try:
                     event = json.loads(payload)
@@ -219,32 +222,44 @@ class Client:
                     out.error = "stream error: " + str(
                         err.get("message") if isinstance(err, dict) else err)
                     break
-                if isinstance(usage := event.get("usage"), dict):
+                usage = event.get("usage")
+                if isinstance(usage, dict):
                     out.usage = usage
-                so_far = usage.get("completion_tokens") if isinstance(usage, dict) else None
                 try:
-                    for choice in event.get("choices") or []:
-                        delta = choice.get("delta") or {}
-                        piece, rpiece = _texts(delta)
-                        out.content += piece
-                        out.reasoning += rpiece
-                        for tc in (tools := delta.get("tool_calls") or []):
-                            _merge_tool_delta(calls, tc)
-                        if (piece or rpiece or tools) and out.first_token is None:
-                            out.first_token = time.monotonic() - t0
-                            out.first_tokens = so_far if isinstance(so_far, int) else None
-                        if (piece or tools) and out.ttft is None:
-                            out.ttft = time.monotonic() - t0
-                        if choice.get("finish_reason"):
-                            out.finish_reason = choice["finish_reason"]
+                    self._read_choices(out, event, calls, content, reasoning, t0)
                 except (AttributeError, TypeError, KeyError):
                     out.error = f"malformed SSE event: {payload[:120]!r}"
                     break
         except (OSError, http.client.HTTPException) as exc:
             out.error = self._transport_error(exc)
+        if not done and not out.error:
+            out.error = "stream ended without [DONE] (connection dropped)"
+        out.content = "".join(content)
+        out.reasoning = "".join(reasoning)
         out.tool_calls = [calls[i] for i in sorted(calls)]
         out.seconds = time.monotonic() - t0
         return out
+
+    @staticmethod
+    def _read_choices(out: ChatResult, event: dict[str, Any], calls: dict[int, dict[str, Any]],
+                      content: list[str], reasoning: list[str], t0: float) -> None:
+        """One event's choices into ``out``; AttributeError/TypeError for a malformed one."""
+        usage = event.get("usage")
+        for choice in event.get("choices") or []:
+            delta = choice.get("delta") or {}
+            piece, rpiece = _texts(delta)
+            content.append(piece)
+            reasoning.append(rpiece)
+            for tc in delta.get("tool_calls") or []:
+                _merge_tool_delta(calls, tc)
+            if (piece or rpiece or delta.get("tool_calls")) and out.first_token is None:
+                out.first_token = time.monotonic() - t0
+                so_far = (usage if isinstance(usage, dict) else {}).get("completion_tokens")
+                out.first_tokens = so_far if isinstance(so_far, int) else None
+            if (piece or delta.get("tool_calls")) and out.ttft is None:
+                out.ttft = time.monotonic() - t0
+            if choice.get("finish_reason"):
+                out.finish_reason = choice["finish_reason"]
 
 
 def max_model_len(card: dict[str, Any]) -> int | None:
