@@ -127,13 +127,15 @@ def manifest_matches(local_dir: Path, repo: str, revision: str) -> tuple[bool, s
 def moved(local_dir: Path, name: str, meta: dict) -> str | None:
     """How a file the manifest lists differs from what it recorded (missing, size, mtime),
     or None when it does not."""
+    meta = meta if isinstance(meta, dict) else {}
     try:
         st = (local_dir / name).stat()
     except OSError:
         return f"{name} is missing"
     if st.st_size != meta.get("size"):
         return f"{name} has {st.st_size} bytes, manifest says {meta.get('size')}"
-    if abs(st.st_mtime - float(meta.get("mtime", 0))) > 0.001:
+    mtime = meta.get("mtime")  # no number: a damaged manifest, as good as modified
+    if not isinstance(mtime, int | float) or abs(st.st_mtime - mtime) > 0.001:
         return f"{name} was modified after it was verified"
     return None
 

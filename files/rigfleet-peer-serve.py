@@ -41,15 +41,19 @@ def verified_file(model_dir: Path, repo: str, revision: str, name: str) -> Path 
             manifest = json.loads((d / MANIFEST).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        meta = (manifest.get("files") or {}).get(name) if isinstance(manifest, dict) else None
-        if manifest.get("repo") != repo or manifest.get("revision") != revision or not meta:
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+            continue
+        meta = manifest["files"].get(name)
+        if manifest.get("repo") != repo or manifest.get("revision") != revision \
+                or not isinstance(meta, dict):
             continue
         try:
             st = (d / name).stat()
         except OSError:
             return None
-        if st.st_size == meta.get("size") and abs(st.st_mtime - float(meta.get("mtime", 0))) \
-                <= 0.001:
+        mtime = meta.get("mtime")  # no number: a damaged manifest, not served
+        if st.st_size == meta.get("size") and isinstance(mtime, int | float) \
+                and abs(st.st_mtime - mtime) <= 0.001:
             return d / name
         return None
     return None

@@ -238,6 +238,9 @@ def test_a_verified_file_changed_in_place_is_fetched_again_from_the_cache(
     shard.write_bytes(b"W" * 4999 + b"X")  # same size, written later (a clock tick may be
     os.utime(shard, (shard.stat().st_atime, shard.stat().st_mtime + 2))  # coarser than this)
     assert not fetcher.manifest_matches(final, REPO, REV)[0]
+    # A damaged manifest is as good as a changed file, never a traceback.
+    for meta in ({"size": 5000, "mtime": "x"}, "x"):
+        assert fetcher.moved(final, "model.safetensors", meta) is not None
     monkeypatch.setattr(fetcher, "hub_files", lambda repo, revision, token: expected)
     args = SimpleNamespace(local_dir=str(final), lock_dir=str(tmp_path / "locks"), repo=REPO,
                            revision=REV, token_file=None, mirror=[url])

@@ -85,6 +85,14 @@ def test_the_seed_serves_verified_files_and_pinned_images_only(seed):
     (d / "config.json").write_bytes(b"{}")
     os.utime(d / "config.json", (1, 1))
     assert get(f"{base}/config.json")[0] == 404
+    # A damaged manifest (an mtime that is no number, a files list) serves nothing, and the
+    # server keeps answering.
+    manifest = json.loads((d / ".rigfleet-manifest.json").read_text())
+    manifest["files"]["sub/w.safetensors"]["mtime"] = "x"
+    (d / ".rigfleet-manifest.json").write_text(json.dumps(manifest))
+    assert get(f"{base}/sub/w.safetensors")[0] == 404
+    (d / ".rigfleet-manifest.json").write_text(json.dumps({**manifest, "files": ["x"]}))
+    assert get(f"{base}/sub/w.safetensors")[0] == 404
 
 
 def test_the_server_stops_on_its_own_when_nobody_asks(serve, tmp_path):
