@@ -62,7 +62,7 @@ def load_active(lay: Layout, repair: bool = False, by: str = "") -> Active | Non
         snap = Path(active.ref.compose_file)
         if compose_hash(read_text(snap) or "") == active.ref.config_hash:
             if repair and snap == lay.active_compose and not snap.is_symlink():
-                return write_active(lay, active, snap.read_text())  # the older layout
+                return write_active(lay, active)  # the older layout
             return active
         problem = (f"names the snapshot {snap}, which is missing or not config "
                    f"{active.ref.config_hash}")
@@ -148,9 +148,11 @@ def snapshot_gate(active: Active) -> dict[str, Any]:
     return {**active.gate, "note": f"verified at promotion {active.since}"}
 
 
-def write_active(lay: Layout, active: Active, compose_text: str) -> Active:
-    """Record ``active`` with ``compose_text`` as its snapshot; returns the record as written.
-    Older snapshots stay until ``prune_snapshots`` (a failed front switch puts one back)."""
+def write_active(lay: Layout, active: Active, compose_text: str | None = None) -> Active:
+    """Record ``active`` and its snapshot (``compose_text``, else its compose file's text);
+    older snapshots stay until ``prune_snapshots`` (a failed front switch puts one back)."""
+    if compose_text is None:
+        compose_text = Path(active.ref.compose_file).read_text()
     if (found := compose_hash(compose_text)) != active.ref.config_hash:
         raise PlanError(f"the snapshot of {active.ref.route_id} has config hash {found}")
     snap = lay.active_snapshot(active.ref.config_hash)
@@ -236,8 +238,7 @@ def record_pins(lay: Layout, tracked: dict[str, Any], config_hash: str, by: str 
                 and active.ref.record == {**active.ref.record, **tracked}:
             return "unchanged"
         ref = replace(active.ref, record={**active.ref.record, **tracked})
-        written = write_active(lay, replace(active, ref=ref),
-                               Path(active.ref.compose_file).read_text())
+        written = write_active(lay, replace(active, ref=ref))
         ledger.update_state(lay, **tracked, since=now_iso(), by=by)
         ledger.append(lay, "pins", "recorded", written.ref, host=host, by=by,
                       deploy_id=deploy_id, gate=active.gate, active=True,

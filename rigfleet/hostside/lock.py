@@ -135,7 +135,10 @@ class HostLock:
         """The holder in a fresh directory, renamed onto the lock; False when a lock is there."""
         if self.path.exists():
             return False  # (an empty one: an older tool between its mkdir and holder.json)
-        self._sweep()
+        for path in self.path.parent.glob(".lock.*"):  # a killed taker's, left before its rename
+            with contextlib.suppress(OSError):
+                if time.time() - path.stat().st_mtime > 60.0:
+                    shutil.rmtree(path)
         tmp = self.path.with_name(f".lock.{self.pid}.{secrets.token_hex(4)}")
         os.mkdir(tmp, 0o755)
         try:
@@ -151,13 +154,6 @@ class HostLock:
                 shutil.rmtree(tmp)
         fsync_dir(self.path.parent)
         return True
-
-    def _sweep(self, older_s: float = 60.0) -> None:
-        """Remove directories a killed taker left before its rename."""
-        for path in self.path.parent.glob(".lock.*"):
-            with contextlib.suppress(OSError):
-                if time.time() - path.stat().st_mtime > older_s:
-                    shutil.rmtree(path)
 
     def _break_stale(self) -> bool:
         """Remove the lock if its holder is still gone; False when it lives (or is free)."""

@@ -14,7 +14,6 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, ClassVar
 
 from . import ledger
@@ -281,8 +280,7 @@ class Maintenance(Steps):
             boot_s = self.bring_up(ref, plan.vram_timeout_s, plan.ready_timeout_s, timings=times)
             self.answers(ref)
             gate = self.verify(ref, self.gate_fn, plan, times)
-            written = write_active(self.lay, replace(active, gate=gate.record()),
-                                   Path(ref.compose_file).read_text())
+            written = write_active(self.lay, replace(active, gate=gate.record()))
             self.front.serve(written.ref)
         except Failure as f:  # a FrontError too
             return self._failed(window, active, f)

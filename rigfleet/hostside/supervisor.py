@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, TextIO
 
 from . import ledger
@@ -314,8 +313,7 @@ class Supervisor:
         st = self.ops.container(ref.container)
         if st is None or not st.image_id or st.config_hash != ref.config_hash:
             return {"result": "skipped", "exit": 0, "reason": "its container changed"}
-        written = write_active(self.lay, replace(active, ref=replace(ref, image_id=st.image_id)),
-                               Path(ref.compose_file).read_text())
+        written = write_active(self.lay, replace(active, ref=replace(ref, image_id=st.image_id)))
         reason = (f"recorded the verified image id {st.image_id[:19]} of {ref.route_id} (its "
                   "record was from before image ids were kept; the image it has served on)")
         self.note("recorded", written.ref, active, reason, gate=active.gate, active=True)

@@ -243,7 +243,7 @@ class Transaction(Steps):
             self.front.serve(snapshot)
         except FrontError as e:
             if previous is not None:
-                write_active(self.lay, previous, Path(previous.ref.compose_file).read_text())
+                write_active(self.lay, previous)
             else:
                 self.lay.active_json.unlink(missing_ok=True)
                 fsync_dir(self.lay.active_dir)
