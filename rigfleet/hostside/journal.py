@@ -9,6 +9,7 @@ follows it with ``rigfleet-host status --id ID --since N --json``::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -74,10 +75,8 @@ class Journal:
             lines.pop()  # a line being written: not counted in ``next``, read again next time
         events = []
         for line in lines[since:]:
-            try:
+            with contextlib.suppress(ValueError):
                 events.append(json.loads(line))
-            except ValueError:
-                continue
         result = read_state(directory / "result.json") or None
         out: dict[str, Any] = {"events": events, "next": len(lines), "result": result}
         pid = read_state(directory / "pid.json") or None

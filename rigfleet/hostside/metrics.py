@@ -189,10 +189,7 @@ class Facts:
 
 def _gate_limits(report: str | None) -> tuple[float | None, float | None]:
     """(margin, lowest acceptance floor) of the throughput check in a gate report."""
-    data, _ = read_json(Path(report)) if report else (None, None)
-    if not isinstance(data, dict):
-        return None, None
-    for check in data.get("checks") or ():
+    for check in (read_state(Path(report)) if report else {}).get("checks") or ():
         limits = (check.get("details") or {}).get("limits") if isinstance(check, dict) else None
         if isinstance(limits, dict):
             floors = [f for f in limits.get("acceptance_floor") or () if isinstance(f, int | float)]

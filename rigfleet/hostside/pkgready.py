@@ -137,14 +137,13 @@ def holders(path: Path) -> str:
             if len(parts) >= 6 and parts[5].rsplit(":", 1)[-1] == str(ino) and \
                     parts[4].isdigit() and int(parts[4]) > 0:
                 pids.add(int(parts[4]))
-    target = str(path)
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         with contextlib.suppress(OSError):
             for fd in (proc / "fd").iterdir():
                 with contextlib.suppress(OSError):
-                    if os.readlink(fd) == target:
+                    if os.readlink(fd) == str(path):
                         pids.add(int(proc.name))
                         break
     return ", ".join(f"pid {pid} ({_cmdline(pid)})" for pid in sorted(pids))

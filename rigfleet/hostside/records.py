@@ -393,8 +393,7 @@ def summarise_report(data: Any, file: str, mtime: float) -> ReportSummary | None
     counts = {str(k): v for k, v in raw.items() if isinstance(v, int)} \
         if isinstance(raw, dict) else {}
     failed = tuple(str(c.get("name")) for c in checks if c.get("status") == "fail")
-    total = sum(counts.values()) or len(checks)
-    return ReportSummary(file, mtime, failed, total, counts)
+    return ReportSummary(file, mtime, failed, sum(counts.values()) or len(checks), counts)
 
 
 def reports(directory: Path, newest: int = 20) -> tuple[list[str], ReportSummary | None]:

@@ -33,7 +33,7 @@ from .layout import STACK_UNIT, Layout
 from .lock import HostLock, LockHeld
 from .maintenance import Maintenance, plan_of, window_status
 from .plan import Active, PlanError, StackRef
-from .records import SUPERVISE_SCHEMA, live_holder, process_id, read_holder, read_json
+from .records import SUPERVISE_SCHEMA, live_holder, process_id, read_holder, read_json, read_state
 from .steps import Failure, FrontControl, GateFn, Ops, Steps, fs_problem
 from .supervise import WHO, Action, Attempt, Observation, Policy, Record, moved, started, step
 
@@ -160,12 +160,11 @@ class Supervisor:
         holder = live_holder(read_holder(self.lay.lock_dir))
         if holder is not None and holder.get("pid") == self.pid and not holder.get("window"):
             holder = None  # ours (a window's holder is nobody's process)
-        reset, _ = read_json(self.lay.supervise_reset)
         _, window, window_why = window_status(self.lay)
         base: dict[str, Any] = dict(now=self.clock(), holder=holder,
                                     stack_unit=self.ops.unit(STACK_UNIT),
                                     route=self.front.current(),
-                                    reset=reset if isinstance(reset, dict) else None,
+                                    reset=read_state(self.lay.supervise_reset) or None,
                                     window=window, window_why=window_why,
                                     can_close=self.gate is not None)
         try:
