@@ -326,10 +326,6 @@ def _backoff(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def cmd_metrics(args: argparse.Namespace, lay: Layout) -> int:
-    return metrics.run(lay, Path(args.dir), args.front_port)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rigfleet-host", description=__doc__.splitlines()[0])
     p.add_argument("--root", default="/", help=argparse.SUPPRESS)
@@ -418,8 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "a terminal); without it such a window is refused")
     mt.add_argument("--cause", help="(close) why it is closed now, for the ledger")
     mt.add_argument("--json", action="store_true", help="(status) as JSON")
-    me = command("metrics", cmd_metrics, "write the node exporter's textfiles: the cards "
-                 "(rigfleet-gpu.prom) and rigfleet's facts (rigfleet.prom)")
+    me = command("metrics", lambda args, lay: metrics.run(lay, Path(args.dir), args.front_port),
+                 "write the node exporter's textfiles: the cards (rigfleet-gpu.prom) and "
+                 "rigfleet's facts (rigfleet.prom)")
     me.add_argument("--dir", default=TEXTFILE_DIR,
                     help=f"the textfile collector's directory (default {TEXTFILE_DIR})")
     me.add_argument("--front-port", type=int, help="the front's port (readiness)")

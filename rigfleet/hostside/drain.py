@@ -1,7 +1,5 @@
-"""Drain: let the requests the front accepted finish before the serving stack stops.
-
-Judged from the engine's ``/metrics`` gauges and the front's nginx workers of an earlier
-configuration (rules: docs/swap.md, "Drain"); pure decisions, one reading per poll::
+"""Drain: the requests the front accepted finish before the serving stack stops, judged from
+the engine's gauges and nginx's old workers, one reading per poll (docs/swap.md, "Drain")::
 
     d = Drainer(timeout_s=600)
     while not d.observe(clock(), parse_load(metrics_text), front_workers):

@@ -1,8 +1,5 @@
-"""The front's route: proxy to the verified stack, or answer 503 + ``Retry-After``.
-
-``roles/front.py``'s nginx server includes ``/etc/nginx/rigfleet/route.conf``, which this
-module switches: write, ``nginx -t`` (a refused route is put back), graceful reload, then
-probe until the ``X-Rigfleet-Route`` header shows the new route::
+"""The front's route (``route.conf``, included by ``roles/front.py``'s nginx): proxy to the
+verified stack, or 503 + ``Retry-After``; how it is switched: docs/swap.md::
 
     front = Front(Layout(), port=8000, run=run_cmd, http=http_request, api_key=key)
     front.maintenance("swap int8 -> tq3-mtp-genesis", retry_after_s=30)

@@ -36,8 +36,10 @@ HALF_WRITTEN_LOCK_S = 30.0
 # --- plain files ------------------------------------------------------------------------------
 
 
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+def now_iso(at: float | None = None) -> str:
+    """Seconds in ISO 8601, UTC, of ``at`` (epoch seconds; None: now)."""
+    return datetime.fromtimestamp(time.time() if at is None else at, UTC).isoformat(
+        timespec="seconds")
 
 
 def read_json(path: Path) -> tuple[Any, str | None]:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime
 from typing import Any
 
 from .front import MAINTENANCE
 from .layout import STACK_UNIT, SUPERVISE_UNIT
 from .plan import Active
-from .records import SUPERVISE_SCHEMA, Coded, decode_strict, describe, encode
+from .records import SUPERVISE_SCHEMA, Coded, decode_strict, describe, encode, now_iso
 from .stackctl import ContainerState, classify_boot_failure, docker_time
 
 WHO = SUPERVISE_UNIT
@@ -320,7 +319,7 @@ def step(rec: Record, obs: Observation, p: Policy) -> tuple[Record, Action]:
             return rec, NOTHING
         if served:
             return moved(rec, "watching", f"{ref.route_id}: {obs.health} since "
-                          f"{_iso(rec.unhealthy_since or now)}", now), NOTHING
+                          f"{now_iso(rec.unhealthy_since or now)}", now), NOTHING
         detail = obs.health or "not ready"
         return moved(rec, "booting", f"{ref.container} is starting ({detail})", now), NOTHING
     death, boot = _cause(how, obs.log, ref.boot_failures)
@@ -341,15 +340,11 @@ def step(rec: Record, obs: Observation, p: Policy) -> tuple[Record, Action]:
         return moved(rec, "recreating", f"{ref.stack}'s engine died ({death}); {which}",
                       now), Action("recreate", death)
     waiting = moved(rec, "backoff", f"{ref.stack}'s engine died ({death}); {which} at "
-                     f"{_iso(due)}", now)
+                     f"{now_iso(due)}", now)
     if obs.route != MAINTENANCE:
         return waiting, Action("open-window", f"{ref.stack}'s engine died; {which} in "
                                f"{due - now:.0f} s")
     return waiting, NOTHING
-
-
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
 
 def status_line(data: dict[str, Any] | None) -> str:
