@@ -1,6 +1,5 @@
-"""The host's metrics as node-exporter textfiles (names: docs/monitoring.md): the cards
-(``rigfleet-gpu.prom``, nvidia-smi) and rigfleet's own facts (``rigfleet.prom``, the host's
-records), each written atomically every 15 s and after each swap::
+"""The host's metrics as node-exporter textfiles (docs/monitoring.md): the cards
+(``rigfleet-gpu.prom``) and rigfleet's facts (``rigfleet.prom``), every 15 s and after a swap::
 
     text = gpu_textfile(csv_output)        # csv_output None: nvidia-smi failed
     text = facts_textfile(read_facts(lay, front_port=8000))

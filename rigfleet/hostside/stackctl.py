@@ -1,7 +1,5 @@
-"""Stacks on the host: docker compose, container state, GPU memory, boot-failure diagnosis.
-
-Parsers turn command output into data; ``SystemOps`` (``steps.Ops``; fakes in tests) is the
-one place that runs commands::
+"""Stacks on the host: docker compose, container state, GPU memory, boot-failure diagnosis;
+``SystemOps`` (``steps.Ops``; fakes in tests) is the one place that runs commands::
 
     classify_boot_failure(docker_logs_text)   # BootFailure(kind='transformers-oserror', ...)
 """

@@ -1,7 +1,6 @@
-"""The supervisor's decisions: when the active stack's engine dies, recreate it from its
-verified snapshot, with a backoff and a limit; past the limit the front stays at 503 with the
-reason. Pure functions over records; the loop is ``rigfleet.hostside.supervisor``; the
-rules are in docs/swap.md ("When the engine dies")::
+"""The supervisor's decisions (a dead engine recreated from its verified snapshot, with a
+backoff and a limit; past it 503 with the reason): pure functions over records; the loop is
+``rigfleet.hostside.supervisor``; the rules: docs/swap.md ("When the engine dies")::
 
     record, action = step(record, observation, Policy())
     action.kind    # 'none', 'open-window', 'recreate', 'reroute', 'record', 'give-up', ...
