@@ -143,11 +143,6 @@ def recover_active(lay: Layout) -> tuple[tuple[Active, str] | None, str]:
                   "or recorded) that its transaction's files still describe")
 
 
-def snapshot_gate(active: Active) -> dict[str, Any]:
-    """The gate record of a stack brought back from its snapshot without a gate."""
-    return {**active.gate, "note": f"verified at promotion {active.since}"}
-
-
 def write_active(lay: Layout, active: Active, compose_text: str | None = None) -> Active:
     """Record ``active`` and its snapshot (``compose_text``, else its compose file's text);
     older snapshots stay until ``prune_snapshots`` (a failed front switch puts one back)."""

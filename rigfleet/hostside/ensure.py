@@ -11,14 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import ledger
-from .active import (
-    ActiveDamaged,
-    load_active,
-    mark_interrupted,
-    request_reset,
-    snapshot_gate,
-    write_active,
-)
+from .active import ActiveDamaged, load_active, mark_interrupted, request_reset, write_active
 from .front import FrontError
 from .journal import Journal
 from .layout import Layout
@@ -158,7 +151,7 @@ class Ensure(Steps):
         window = self.ops.monotonic() - t0
         ledger.append(
             self.lay, "ensure", "recreated", ref, by=self.who, deploy_id=active.deploy_id,
-            gate=snapshot_gate(active), reason=self.why + "".join(
+            gate=active.snapshot_gate(), reason=self.why + "".join(
                 f"; {note}" for note in self.image_notes),
             extra={"image": "; ".join(self.image_notes)} if self.image_notes else None)
         request_reset(self.lay, self.who, f"ensure recreated {ref.route_id}: {self.why}")

@@ -135,6 +135,10 @@ class Active(Coded):
     gate: dict[str, Any] = field(default_factory=dict)
     schema: ClassVar[str] = "rigfleet-active/1"
 
+    def snapshot_gate(self) -> dict[str, Any]:
+        """The gate record of a stack brought back from its snapshot without a gate."""
+        return {**self.gate, "note": f"verified at promotion {self.since}"}
+
     @classmethod
     def from_dict(cls, data: Any) -> Active:
         if not isinstance(data, dict):

@@ -18,14 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from . import ledger
-from .active import (
-    ActiveDamaged,
-    load_active,
-    mark_interrupted,
-    prune_journals,
-    snapshot_gate,
-    write_active,
-)
+from .active import ActiveDamaged, load_active, mark_interrupted, prune_journals, write_active
 from .atomic import write_json
 from .front import FrontError
 from .journal import Journal
@@ -288,7 +281,7 @@ class Supervisor:
         reason = (f"rerouted: {ref.route_id} was up and answering while the front routed away"
                   + (f" (after a recreation cut short; the engine had died: {cut.reason})"
                      if cut else ""))
-        self.note("rerouted", ref, active, reason, gate=snapshot_gate(active))
+        self.note("rerouted", ref, active, reason, gate=active.snapshot_gate())
         self.save(moved(rec.noted(), "watching", f"{ref.route_id} serves", self.clock()))
         steps.j.event("reroute", f"front routed to {ref.route_id}")
         return {"result": "rerouted", "exit": 0, "serving": ref.route_id, "reason": reason}
@@ -299,7 +292,7 @@ class Supervisor:
         assert cut is not None
         reason = (f"recreated after the engine died: {cut.reason} (the supervisor that "
                   "recreated it was stopped before it recorded it)")
-        self.note("recreated", ref, active, reason, gate=snapshot_gate(active),
+        self.note("recreated", ref, active, reason, gate=active.snapshot_gate(),
                   extra={"kept_log": cut.kept_log})
         done = replace(cut, result="recreated") if cut.result == "interrupted" else cut
         self.save(rec.noted(done if cut is rec.attempts[-1] else None))
@@ -355,7 +348,7 @@ class Supervisor:
         seconds = round(self.ops.monotonic() - t0, 1)
         reason = f"recreated after the engine died: {rec.death}" + "".join(
             f"; {note}" for note in steps.image_notes)
-        self.note("recreated", ref, active, reason, gate=snapshot_gate(active), extra={
+        self.note("recreated", ref, active, reason, gate=active.snapshot_gate(), extra={
             "attempt": n, "limit": p.limit, "window_s": p.window_s, "seconds": seconds,
             "boot_failure": rec.boot_failure, "kept_log": kept,
             "image": "; ".join(steps.image_notes) or None})
