@@ -1,7 +1,5 @@
-"""The active record (what passed the gate on this host): ``active.json`` and the compose
-snapshot it names, written snapshot first; ``load_active(repair=True)`` rebuilds a damaged one.
-The write order and the recovery rules: docs/maintenance.md ("Crash-safe host records").
-"""
+"""The active record (what passed the gate here): ``active.json`` and the compose snapshot it
+names; the write order and the rebuild of a damaged one: docs/maintenance.md."""
 
 from __future__ import annotations
 

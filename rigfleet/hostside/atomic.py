@@ -1,7 +1,5 @@
-"""Crash-safe writes of the host's records: a reader, a SIGKILL or a power cut sees the old
-file or the new one, never a half-written one; an appended log can only lose its torn last
-line. How, and which records: docs/maintenance.md ("Crash-safe host records").
-"""
+"""Crash-safe writes of the host's records: the old file or the new one, never half of one; an
+appended log loses at most its torn last line (docs/maintenance.md, "Crash-safe host records")."""
 
 from __future__ import annotations
 
