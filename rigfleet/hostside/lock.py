@@ -52,11 +52,10 @@ class WindowHold:
 
     @classmethod
     def here(cls, window: str, reboot_grace_s: float | None = None) -> WindowHold:
-        pid, what = session_anchor()
         reboot = None if reboot_grace_s is None else {"boot": BOOT_CLOCK.boot(),
                                                       "at": round(BOOT_CLOCK.uptime(), 1),
                                                       "grace_s": reboot_grace_s}
-        return cls(window, pid, what, reboot)
+        return cls(window, *session_anchor(), reboot)
 
 
 class LockHeld(Exception):
