@@ -1,6 +1,5 @@
-"""The host lock: one transaction (swap, adopt, boot-time ensure, a maintenance window) at a
-time. Taken by one ``rename`` of a directory already holding ``holder.json``; one whose process
-is gone is *stale* and taken over. A window's holder: docs/maintenance.md::
+"""The host lock: one transaction (swap, adopt, ensure, a maintenance window) at a time; one
+whose process is gone is *stale* and taken over (docs/swap.md; a window's: docs/maintenance.md)::
 
     note = HostLock(Layout()).acquire(who="alice@laptop", why="swap int8 -> tq3")  # LockHeld
 """

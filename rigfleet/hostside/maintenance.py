@@ -1,6 +1,5 @@
-"""Host maintenance as a transaction: what disturbs the serving path (a driver install and
-its reboot, a Docker restart) runs inside a *maintenance window* that ends with the verified
-stack recreated, gated and served again, or the host at 503 with the reason (docs/maintenance.md)::
+"""Host maintenance as a transaction (docs/maintenance.md): what disturbs serving (a driver, a
+reboot, a Docker restart) runs in a *window* ending with the stack gated and serving, or 503::
 
     window = Maintenance(lay, ops, front, journal, plan, gate=run_gate_fn)
     window.open("driver 580 -> 590")      # Outcome: open (exit 0), locked (3), refused (1)

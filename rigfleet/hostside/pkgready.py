@@ -1,6 +1,5 @@
-"""Before a maintenance window opens: can its work start? The package manager's locks free
-within a bounded wait (naming who holds them), an interrupted dpkg repaired, room on the disks
-the steps write to. A ``NotReady`` leaves the host as it was::
+"""Before a maintenance window opens: apt's and dpkg's locks free within a bounded wait, an
+interrupted dpkg repaired, room on the disks; a ``NotReady`` leaves the host as it was::
 
     Readiness(root=Path("/"), say=print).check(packages=True, lock_wait_s=120, min_free_mib=1024)
 """

@@ -1,6 +1,5 @@
-"""The host probe: what the control side learns about a host outside a pyinfra fact, in one
-round trip, as one JSON object (``rigfleet-host.pyz probe``; schema ``rigfleet-probe/1``; the
-keys: docs/architecture.md "The host probe"). Every part catches its own failure::
+"""The host probe: the host in one JSON object, each part catching its own failure (schema
+``rigfleet-probe/1``; the keys: docs/architecture.md "The host probe")::
 
     python3 rigfleet-host.pyz probe --full --model-path /srv/models/qwen --front-port 8000
 """

@@ -1,6 +1,5 @@
-"""The supervisor's loop (``rigfleet-host.pyz supervise``, ``rigfleet-supervise.service``):
-look, ask ``supervise.step`` what to do, do it with the host lock (docs/swap.md, "When the
-engine dies")::
+"""The supervisor's loop (``rigfleet-host.pyz supervise``): look, ask ``supervise.step`` what to
+do, do it with the host lock (docs/swap.md, "When the engine dies")::
 
     with single_instance(Layout()):
         Supervisor(Layout(), SystemOps(key), front, Policy(), stop=stop_requested).run()
