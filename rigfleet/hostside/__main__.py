@@ -35,7 +35,6 @@ from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld, WindowHold
 from .maintenance import Maintenance, plan_of, window_status
-from .metrics import TEXTFILE_DIR
 from .pkgready import NotReady, Readiness
 from .plan import Plan, PlanError
 from .probe import probe
@@ -417,8 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
     me = command("metrics", lambda args, lay: metrics.run(lay, Path(args.dir), args.front_port),
                  "write the node exporter's textfiles: the cards (rigfleet-gpu.prom) and "
                  "rigfleet's facts (rigfleet.prom)")
-    me.add_argument("--dir", default=TEXTFILE_DIR,
-                    help=f"the textfile collector's directory (default {TEXTFILE_DIR})")
+    me.add_argument("--dir", default=metrics.TEXTFILE_DIR,
+                    help=f"the textfile collector's directory (default {metrics.TEXTFILE_DIR})")
     me.add_argument("--front-port", type=int, help="the front's port (readiness)")
     sub.add_parser("verify", add_help=False, help="the verify-stress gate (its own --help)")
     sub.add_parser("bench", add_help=False, help="the bench against the active stack, or "
