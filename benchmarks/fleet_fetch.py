@@ -11,8 +11,9 @@ hub's request log (``[hub] <client> GET <path> <status> <bytes>B``) and the twin
 access log (the upstreams: they stand for huggingface.co and Docker Hub), and the cache's
 nginx log and its registry's access log (the LAN). One host's need is the pinned model
 revision's files (the hub's listing) plus the compressed layers of the fleet's pinned images
-(the registry's manifests; a layer images share counted once). The last line is ``wan ratio R``: upstream bytes / one host's need
-(1.0: each byte crossed the internet once). With ``--no-cache`` there is no lb1: the first host
+(the registry's manifests; a layer images share counted once). The last line is
+``wan ratio R``: upstream bytes / one host's need (1.0: each byte crossed the internet once).
+With ``--no-cache`` there is no lb1: the first host
 fetches upstream and serves its peers (their LAN bytes: each host's peer server's journal).
 Set RIGFLEET_TESTBED_INSTANCE for another testbed.
 """

@@ -67,11 +67,13 @@ def host_line(slot: HostSlot) -> str:
     window = (r.get("timings") or {}).get("window_s") or r.get("window_s") or 0.0
     drain = r.get("drain") or {}
     return (f"  {slot.name}: {r.get('result')}, 503 window {window:.1f} s, drain "
-            f"{drain.get('result', '-')} {drain.get('seconds', 0):.1f} s (cut {drain.get('cut', 0)})")
+            f"{drain.get('result', '-')} {drain.get('seconds', 0):.1f} s "
+            f"(cut {drain.get('cut', 0)})")
 
 
 def write_bump_inventory(path: Path, pins: Path) -> None:
-    path.write_text(f'''"""benchmarks/rollout_load.py: testbed {layout.INSTANCE} with a scratch pins file."""
+    path.write_text(
+        f'''"""benchmarks/rollout_load.py: testbed {layout.INSTANCE} with a scratch pins file."""
 import runpy
 
 _tb = runpy.run_path({str(layout.INVENTORY)!r})

@@ -75,8 +75,8 @@ def extract(tree: Path, release: str, commit: str) -> dict[str, Any]:
         "source": f"Genesis {release} (commit {commit}), {reg['file']} PATCH_REGISTRY, from "
                   "../shared/upstream/genesis-dev-and-v12.1.0.bundle, written by "
                   "scripts/genesis-registry-extract.py: patch_flags and switches as "
-                  "rigfleet/genesis_inspect.py reports them, category and applies_to's other conditions "
-                  "(conditions) from the literal"
+                  "rigfleet/genesis_inspect.py reports them, category and applies_to's other "
+                  "conditions (conditions) from the literal"
                   + (", applies_to.vllm_version_range from the literal" if layout == "v12" else "")
                   + ". Patches: those the testbed's Genesis fixture models, the stack files' "
                   "needs and every patch a stack file's switch names; switches: every switch of "

@@ -90,7 +90,8 @@ class RepoLayout:
 
 
 def cuda_key_uid(short_id: str) -> str:
-    return f"rigfleet testbed stand-in for NVIDIA CUDA key {short_id} <cuda-{short_id}@rigfleet.test>"
+    return (f"rigfleet testbed stand-in for NVIDIA CUDA key {short_id} "
+            f"<cuda-{short_id}@rigfleet.test>")
 
 
 def nvidia_layout(distro: str) -> RepoLayout:

@@ -360,7 +360,8 @@ def ensure_network(c: docker.DockerClient) -> None:
     ipam = docker.types.IPAMConfig(
         pool_configs=[docker.types.IPAMPool(subnet=layout.SUBNET, gateway=layout.GATEWAY)]
     )
-    c.networks.create(layout.NETWORK, driver="bridge", ipam=ipam, labels={layout.LABEL: layout.LABEL_VALUE})
+    c.networks.create(layout.NETWORK, driver="bridge", ipam=ipam,
+                      labels={layout.LABEL: layout.LABEL_VALUE})
 
 
 def _create(

@@ -5,9 +5,10 @@ Genesis v7 keeps ``PATCH_REGISTRY`` in ``vllm/_genesis/dispatcher.py``, v12 in
 ``applies_to.vllm_version_range`` per patch (upstream-2026.md 3.4). The env switches are the same
 ``GENESIS_ENABLE_*`` names in both. Each entry's id, ``env_flag``, ``default_on``, lifecycle and
 version range are the real registries' (v7.72.2 ``7b9fd319``, v12.1.0 ``66e37841``; a unit test
-holds them against ``tests/fixtures/genesis/*-registry.json``, an extract of those facts); categories
-and applies_to conditions are the real ones too; titles are the fixture's own. Ids keep the real spelling: ``P60b``, ``P61b``, ``P67b``
-(a second patch behind P67's switch) and ``PN26b`` (``GENESIS_ENABLE_PN26_SPARSE_V``).
+holds them against ``tests/fixtures/genesis/*-registry.json``, an extract of those facts);
+categories and applies_to conditions are the real ones too; titles are the fixture's own. Ids keep
+the real spelling: ``P60b``, ``P61b``, ``P67b`` (a second patch behind P67's switch) and ``PN26b``
+(``GENESIS_ENABLE_PN26_SPARSE_V``).
 
 P4 is a *legacy* patch in both generations: its ``env_flag`` is ``GENESIS_LEGACY_P4``, which is no
 switch, and its own apply hook runs it on every apply (v7.72.2 ``apply_patch_4_tq_hybrid`` in
@@ -95,12 +96,13 @@ PATCHES: tuple[PatchDef, ...] = (
     _p("P60b", "P60B_TRITON_KERNEL", "GDN rollback Triton kernel", "spec_decode"),
     _p("P61", "P61_QWEN3_MULTI_TOOL", "Qwen3 multiple tool calls per turn", "structured_output", R,
        v7="deprecated"),
-    _p("P61b", "P61B_STREAMING_OVERLAP", "tool-call streaming overlap fix", "structured_output", R, CAP_023,
-       aliases=("P59_QWEN3_TOOL_RECOVERY", "PN51_QWEN3_STREAMING_THINKING_DISABLED")),
+    _p("P61b", "P61B_STREAMING_OVERLAP", "tool-call streaming overlap fix", "structured_output", R,
+       CAP_023, aliases=("P59_QWEN3_TOOL_RECOVERY", "PN51_QWEN3_STREAMING_THINKING_DISABLED")),
     _p("P62", "P62_STRUCT_OUT_SPEC_TIMING", "structured output timing under spec-decode",
        "structured_output"),
-    _p("P64", "P64_QWEN3CODER_MTP_STREAMING", "qwen3_coder tool streaming with MTP", "structured_output", R,
-       CAP_023, aliases=("P61C_QWEN3CODER_DEFERRED_COMMIT", "PN56_QWEN3CODER_XML_FALLBACK")),
+    _p("P64", "P64_QWEN3CODER_MTP_STREAMING", "qwen3_coder tool streaming with MTP",
+       "structured_output", R, CAP_023,
+       aliases=("P61C_QWEN3CODER_DEFERRED_COMMIT", "PN56_QWEN3CODER_XML_FALLBACK")),
     _p("P65", "P65_TURBOQUANT_SPEC_CG_DOWNGRADE", "TurboQuant spec-decode cudagraph downgrade",
        "spec_decode"),
     _p("P66", "P66_CUDAGRAPH_SIZE_FILTER", "cudagraph_capture_sizes spec-decode divisibility "
@@ -109,11 +111,13 @@ PATCHES: tuple[PatchDef, ...] = (
        "verify", "spec_decode", vllm_range=CAP_024),
     _p("P67b", "P67_TQ_MULTI_QUERY_KERNEL", "TurboQuant spec-verify routing to the P67 kernel",
        "spec_decode"),
-    _p("P68", "P68_AUTO_FORCE_TOOL", "auto-force tool choice on long contexts", "structured_output"),
+    _p("P68", "P68_AUTO_FORCE_TOOL", "auto-force tool choice on long contexts",
+       "structured_output"),
     _p("P69", "P69_LONG_CTX_TOOL_REMINDER", "long-context tool reminder", "structured_output"),
     _p("P72", "P72_PROFILE_RUN_CAP", "cap the memory profile run (GENESIS_PROFILE_RUN_CAP_M)",
        "compile_safety", vllm_range=CAP_024),
-    _p("P74", "P74_CHUNK_CLAMP", "chunked-prefill chunk clamp for Mamba block size", "compile_safety"),
+    _p("P74", "P74_CHUNK_CLAMP", "chunked-prefill chunk clamp for Mamba block size",
+       "compile_safety"),
     _p("P78", "P78_TOLIST_CAPTURE_GUARD", "tolist() under cudagraph capture guard",
        "compile_safety", R),
     _p("P81", "P81_FP8_BLOCK_SCALED_M_LE_8", "FP8 block-scaled GEMM for M <= 8", "kernel_perf"),
@@ -147,8 +151,8 @@ PATCHES: tuple[PatchDef, ...] = (
     _p("PN25", "PN25_SILU_INDUCTOR_SAFE", "inductor-safe SiLU-and-mul", "memory_savings"),
     _p("PN26b", "PN26_SPARSE_V", "sparse V accumulation (GENESIS_PN26_SPARSE_V_*)", "perf_hotfix",
        "research"),
-    _p("PN30", "PN30_DS_LAYOUT_SPEC_DECODE", "DS conv-state layout under spec-decode", "model_correctness",
-       vllm_range=CAP_023),
+    _p("PN30", "PN30_DS_LAYOUT_SPEC_DECODE", "DS conv-state layout under spec-decode",
+       "model_correctness", vllm_range=CAP_023),
     _p("PN34", "PN34_WORKSPACE_LOCK_RELAX", "relax workspace lock", "perf_hotfix", R),
     _p("PN54", "PN54_GDN_CONTIGUOUS_DEDUP", "GDN contiguous-call deduplication", "perf_hotfix", R),
     _p("PN59", "PN59_STREAMING_GDN", "streaming GDN prefill", "hybrid"),
@@ -174,11 +178,11 @@ CONDITIONS: dict[str, dict[str, object]] = {
     "P78": {"is_turboquant": [True], "quant_format": ['fp8', 'compressed_tensors']},
     "P81": {"quant_format": ['fp8']},
     "P83": {"is_hybrid": [True]},
-    "P87": {"quant_format": ['int8_w8a16', 'int4_w4a16', 'autoround_int8', 'autoround_int4', 'gptq_int4', 'awq_int4', 'compressed_tensors']},
-    "P91": {"quant_format": ['autoround_int8', 'autoround_int4', 'gptq_int4', 'int8_w8a16', 'int4_w4a16', 'compressed_tensors']},
-    "P98": {"kv_cache_dtype": ['turboquant_k8v4', 'turboquant_4bit_nc', 'turboquant_k3v4_nc', 'turboquant_3bit_nc']},
-    "P101": {"kv_cache_dtype": ['turboquant_k8v4', 'turboquant_4bit_nc', 'turboquant_k3v4_nc', 'turboquant_3bit_nc']},
-    "P103": {"model_arch": ['Qwen3MoeForCausalLM', 'Qwen3_5ForConditionalGeneration', 'Qwen3_5MoeForConditionalGeneration', 'Qwen3_5MoeForCausalLM', 'Qwen3_6MoeForConditionalGeneration', 'Qwen3_6MoeForCausalLM', 'Qwen3NextForCausalLM', '*']},
+    "P87": {"quant_format": ['int8_w8a16', 'int4_w4a16', 'autoround_int8', 'autoround_int4', 'gptq_int4', 'awq_int4', 'compressed_tensors']},  # noqa: E501
+    "P91": {"quant_format": ['autoround_int8', 'autoround_int4', 'gptq_int4', 'int8_w8a16', 'int4_w4a16', 'compressed_tensors']},  # noqa: E501
+    "P98": {"kv_cache_dtype": ['turboquant_k8v4', 'turboquant_4bit_nc', 'turboquant_k3v4_nc', 'turboquant_3bit_nc']},  # noqa: E501
+    "P101": {"kv_cache_dtype": ['turboquant_k8v4', 'turboquant_4bit_nc', 'turboquant_k3v4_nc', 'turboquant_3bit_nc']},  # noqa: E501
+    "P103": {"model_arch": ['Qwen3MoeForCausalLM', 'Qwen3_5ForConditionalGeneration', 'Qwen3_5MoeForConditionalGeneration', 'Qwen3_5MoeForCausalLM', 'Qwen3_6MoeForConditionalGeneration', 'Qwen3_6MoeForCausalLM', 'Qwen3NextForCausalLM', '*']},  # noqa: E501
     "PN14": {"is_turboquant": [True]},
     "PN54": {"model_class": ['qwen3_5', 'qwen3_6']},
     "PN59": {"model_class": ['qwen3_5', 'qwen3_6']},
@@ -190,7 +194,7 @@ V7_CONDITIONS: dict[str, dict[str, object]] = {
     "P68": {"model_class": ['qwen3', 'qwen3_5', 'qwen3_moe', 'qwen3_next']},
     "P69": {"model_class": ['qwen3', 'qwen3_5', 'qwen3_moe', 'qwen3_next']},
     "P74": {"model_class": ['qwen3', 'qwen3_5', 'qwen3_moe', 'qwen3_next']},
-    "P103": {"model_arch": ['Qwen3MoeForCausalLM', 'Qwen3_5ForConditionalGeneration', 'Qwen3NextForCausalLM']},
+    "P103": {"model_arch": ['Qwen3MoeForCausalLM', 'Qwen3_5ForConditionalGeneration', 'Qwen3NextForCausalLM']},  # noqa: E501
 }  # fmt: skip
 
 @dataclass(frozen=True)
@@ -220,7 +224,8 @@ TEXT_PATCHES: dict[str, TextPatchDef] = {
     "P67": TextPatchDef(
         _TQ,
         "        return self.decode_single_query(query, kv_cache, metadata)\n",
-        "        # [Genesis P67 TurboQuant multi-query kernel] verify the K+1 queries in one pass.\n"
+        "        # [Genesis P67 TurboQuant multi-query kernel] "
+        "verify the K+1 queries in one pass.\n"
         "        return self.decode_multi_query(query, kv_cache, metadata)\n"),
     "PN14": TextPatchDef(
         _TQ,
@@ -247,7 +252,8 @@ TEXT_PATCHES: dict[str, TextPatchDef] = {
         "            self.requests[req_id].num_output_placeholders += max(num_tokens, 0)\n"),
     "P60": TextPatchDef(
         _GDN,
-        "        state = self.recurrent_update(hidden_states, state, metadata.num_accepted_tokens)\n",
+        "        state = self.recurrent_update(hidden_states, state, "
+        "metadata.num_accepted_tokens)\n",
         "        # [Genesis P60 GDN state rollback for rejected drafts]\n"
         "        state = self.recurrent_update(hidden_states, state.rolled_back(metadata),\n"
         "                                      metadata.num_accepted_tokens)\n"),

@@ -313,7 +313,8 @@ def _json_bytes(data: Any) -> bytes:
 
 
 def model_config() -> dict[str, Any]:
-    """``config.json``: Qwen3.6-27B (hybrid Gated DeltaNet + full attention, MTP head), AutoRound int4."""
+    """``config.json``: Qwen3.6-27B (hybrid Gated DeltaNet + full attention, MTP head),
+    AutoRound int4."""
     layer_types = [
         "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(NUM_LAYERS)
     ]
@@ -432,7 +433,8 @@ def _byte_level_alphabet() -> list[str]:
 
 
 def tokenizer_json() -> dict[str, Any]:
-    """A small but valid ``tokenizers`` file: byte-level BPE over 256 bytes plus the special tokens."""
+    """A small but valid ``tokenizers`` file: byte-level BPE over 256 bytes plus the special
+    tokens."""
     special = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
     return {
         "version": "1.0",

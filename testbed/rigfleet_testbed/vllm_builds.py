@@ -191,7 +191,9 @@ def by_tag(tag: str) -> Build:
                    f"and {len(NIGHTLIES)} nightlies")
 
 
-def retention(builds: Iterable[Build], keep: int = KEEP_NIGHTLIES) -> tuple[list[Build], list[Build]]:
+def retention(
+    builds: Iterable[Build], keep: int = KEEP_NIGHTLIES
+) -> tuple[list[Build], list[Build]]:
     """(kept, purged): cleanup-nightly-builds.sh applied to ``builds``.
 
     Nightly tags sorted by last_updated, the ``keep`` newest kept, the rest deleted; every
@@ -327,7 +329,8 @@ def layer_files(b: Build, info_overrides: dict[str, object] | None = None) -> La
     cli_args = cli_args_module(Version(version))
     files += [LayerFile(str(Path(cli_args).with_name("__init__.py")), b""),
               LayerFile(cli_args, b'"""vLLM serve options (simulator)."""\n\n'
-                                  b"from vllm.sim.args import make_arg_parser, validate_parsed_serve_args\n\n"
+                                  b"from vllm.sim.args import "
+                                  b"make_arg_parser, validate_parsed_serve_args\n\n"
                                   b'__all__ = ["make_arg_parser", "validate_parsed_serve_args"]\n')]
     if has_qwen3coder_tool_parser(b):
         files.append(LayerFile("vllm/tool_parsers/qwen3coder_tool_parser.py",

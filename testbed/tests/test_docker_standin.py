@@ -117,8 +117,9 @@ def test_repository_is_laid_out_like_download_docker_com(built, tmp_path: Path) 
                           capture_output=True, text=True)
     assert proc.returncode == 0 and info.fingerprint in proc.stderr
     nvidia = aptrepo.TOOLKIT_LAYOUT
+    # its own key, as Docker's repository has
     assert aptrepo.ensure_key(info.web_root.parent / "gnupg", nvidia.key_uid, nvidia.key_algo,
-                              nvidia.cert_digest) != info.fingerprint  # its own key, as Docker's repository has
+                              nvidia.cert_digest) != info.fingerprint
 
 
 def test_a_complete_download_cache_is_used_without_docker(sources, tmp_path: Path) -> None:

@@ -203,7 +203,8 @@ def test_every_anchor_is_in_the_vllm_source_it_patches() -> None:
                 "model_executor/kernels/linear/mixed_precision/marlin.py": "marlin.pre-pad.py",
                 "tool_parsers/qwen3coder_tool_parser.py": "qwen3coder_tool_parser.py"}
     for pid, t in gp.TEXT_PATCHES.items():
-        texts = [p.read_text() for p in (SIM_VLLM / t.target, VARIANTS / variants.get(t.target, "-"))
+        texts = [p.read_text()
+                 for p in (SIM_VLLM / t.target, VARIANTS / variants.get(t.target, "-"))
                  if p.is_file()]  # fmt: skip
         counts = [text.count(t.anchor) for text in texts]
         assert max(counts) == 1 and min(counts) >= 0, pid  # in some form, never ambiguous
@@ -240,7 +241,8 @@ def test_v7_needs_its_runtime_dependencies(tmp_path: Path) -> None:
     site = genesis_site(tmp_path, "v7", GOOD, upto=0, deps=False)
     rc, out = apply(site, "v7", {P67: "1"})
     assert rc == 1 and "ModuleNotFoundError: No module named 'pandas'" in out, out
-    assert "[Genesis P67" not in (site / "vllm/v1/attention/backends/turboquant_attn.py").read_text()
+    assert "[Genesis P67" not in (
+        site / "vllm/v1/attention/backends/turboquant_attn.py").read_text()
 
 
 def test_v7_applies_text_patches_the_simulator_then_reads(tmp_path: Path) -> None:

@@ -1,9 +1,10 @@
 """The Genesis fixture's registries against the real ones, as rigfleet reads both.
 
 ``tests/fixtures/genesis/<release>-registry.json`` is an extract of the real registries
-(v7.72.2 ``7b9fd319`` and v12.1.0 ``66e37841``, from the workspace's upstream Genesis bundle, written by
-``scripts/genesis-registry-extract.py`` with ``rigfleet/genesis_inspect.py``): for every patch the fixture models, every patch the built-in
-stack files switch or need, each patch's ``env_flag``, lifecycle, ``default_on`` (and v12's
+(v7.72.2 ``7b9fd319`` and v12.1.0 ``66e37841``, from the workspace's upstream Genesis bundle,
+written by ``scripts/genesis-registry-extract.py`` with ``rigfleet/genesis_inspect.py``): for
+every patch the fixture models, every patch the built-in stack files switch or need, each
+patch's ``env_flag``, lifecycle, ``default_on`` (and v12's
 ``applies_to.vllm_version_range``), and every switch name of those patches or of the stack files
 with the patches it turns on. The fixture's trees, read by the same helper, must say exactly
 that, so the Genesis gate decides on the fixture as it does on the real trees::

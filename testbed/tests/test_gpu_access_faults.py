@@ -74,7 +74,7 @@ def test_access_reports_the_kernels_answer(tmp_path: Path, monkeypatch) -> None:
     assert devnodes.access(dev) == "denied"
 
 
-# --- who manages the container's cgroup ------------------------------------------------------------
+# --- who manages the container's cgroup -----------------------------------------------------------
 
 
 def fake_dockerd(tmp_path: Path, cmdline: list[str], config: dict | None,
@@ -294,7 +294,7 @@ def test_generator_never_fails_the_reload(paths: sim.SimPaths, monkeypatch, caps
     assert "disk on fire" in capsys.readouterr().err
 
 
-# --- what programs in the container see ------------------------------------------------------------
+# --- what programs in the container see -----------------------------------------------------------
 
 
 def test_smi_in_a_container_after_reload_says_nvml_unknown_error(

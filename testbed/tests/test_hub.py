@@ -265,7 +265,8 @@ def test_resolve_headers_as_the_real_hub(services: Services, model: ModelFixture
     shard = "model-00001-of-00004.safetensors"
     size, sha = model.files[shard]
     rev = model.commit
-    status, headers, body = http(f"{services.hub}/{MODEL_REPO}/resolve/{rev}/{shard}", method="HEAD")
+    status, headers, body = http(f"{services.hub}/{MODEL_REPO}/resolve/{rev}/{shard}",
+                                 method="HEAD")
     assert status == 200 and body == b""
     assert headers["X-Repo-Commit"] == model.commit
     assert headers["ETag"] == headers["X-Linked-Etag"] == f'"{sha}"'

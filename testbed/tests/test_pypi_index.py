@@ -58,7 +58,8 @@ def test_index_pages_follow_pep_503(index: tuple[Path, str]) -> None:
     top = (root / "simple/index.html").read_text()
     assert all(f'<a href="{name}/">{name}</a>' in top for name in WANTED)
     page = (root / "simple/xxhash/index.html").read_text()
-    m = re.search(r'href="\.\./\.\./packages/(xxhash-3\.5\.0-py3-none-any\.whl)#sha256=([0-9a-f]{64})"',
+    m = re.search(r'href="\.\./\.\./packages/(xxhash-3\.5\.0-py3-none-any\.whl)'
+                  r'#sha256=([0-9a-f]{64})"',
                   page)  # fmt: skip
     assert m, page
     assert hashlib.sha256((root / "packages" / m.group(1)).read_bytes()).hexdigest() == m.group(2)

@@ -132,7 +132,7 @@ def test_mok_manager_enrols_only_with_a_person_at_the_console(tmp_path: Path,
     assert boot(nvram) == ""  # nothing pending: boots straight through
 
 
-# --- the module under Secure Boot ------------------------------------------------------------------
+# --- the module under Secure Boot -----------------------------------------------------------------
 
 
 @pytest.fixture

@@ -53,7 +53,8 @@ def test_config_hash_changes_with_what_the_machine_is() -> None:
     hashes = {s.config_hash("sha256:1", "me") for s in (a, b, c, d)}
     assert len(hashes) == 4
     assert a.config_hash("sha256:1", "me") != a.config_hash("sha256:2", "me")  # new host image
-    assert a.config_hash("sha256:1", "me") == hostspec.host_specs(1)[0].config_hash("sha256:1", "me")
+    assert a.config_hash("sha256:1", "me") == hostspec.host_specs(1)[0].config_hash(
+        "sha256:1", "me")
     # Made for another state directory or SSH key: a machine our key was never put on.
     assert a.config_hash("sha256:1", "me") != a.config_hash("sha256:1", "another checkout")
 

@@ -91,8 +91,8 @@ assert max_subarray_len([-2, -1, 2, 1], 1) == 2
 This runs in O(n) time and O(n) space, because each prefix sum is stored once.'''
 TABLE_ANSWER = ("Here are the first values:\n\n| n | n^3 | sum | sum^2 |\n|---|---|---|---|\n"
                 "| 1 | 1 | 1 | 1 |\n| 2 | 8 | 3 | 9 |\n| 3 | 27 | 6 | 36 |\n| 4 | 64 | 10 | 100 |\n"
-                "| 5 | 125 | 15 | 225 |\n\nThe cumulative cube sums match the squared sums in every "
-                "row, which is exactly what the identity predicts.")
+                "| 5 | 125 | 15 | 225 |\n\nThe cumulative cube sums match the squared sums in "
+                "every row, which is exactly what the identity predicts.")
 PROOF_ANSWER = r"""**Base case.** For $n = 1$: $$1^3 = 1 = \left(\frac{1 \cdot 2}{2}\right)^2.$$
 
 **Inductive step.** Assume $\sum_{i=1}^{k} i^3 = \left(\frac{k(k+1)}{2}\right)^2$. Then

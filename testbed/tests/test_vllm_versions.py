@@ -27,7 +27,8 @@ from vllm_sim_helpers import (
 
 GOOD = "nightly-01d4d1ad375dc5854779c593eee093bcebb0cada"
 DYING = "nightly-1acd67a795ebccdf9b9db7697ae9082058301657"
-COMMON = ["--served-model-name", "qwen3.6-27b-autoround", "--tensor-parallel-size", "2", "--max-model-len", "262144",
+COMMON = ["--served-model-name", "qwen3.6-27b-autoround", "--tensor-parallel-size", "2",
+          "--max-model-len", "262144",
           "--quantization", "auto_round", "--max-num-seqs", "2", "--enable-prefix-caching",
           "--reasoning-parser", "qwen3", "--default-chat-template-kwargs",
           '{"enable_thinking": false}']

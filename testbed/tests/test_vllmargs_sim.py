@@ -32,7 +32,8 @@ def ask(site: Path, argv: list[str], env_names: list[str] = ()) -> Verdict:  # t
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory) -> dict[str, Path]:
     out = {}
-    for tag in ("v0.24.0", "v0.27.1", "v0.21.0", "nightly-f090c883507d730ae76900d4ae60b673430b4bbf"):
+    for tag in ("v0.24.0", "v0.27.1", "v0.21.0",
+                "nightly-f090c883507d730ae76900d4ae60b673430b4bbf"):
         out[tag] = make_package(tmp_path_factory.mktemp(tag.replace(".", "_")[:20]), tag)
     return out
 

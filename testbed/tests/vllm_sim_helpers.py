@@ -25,7 +25,8 @@ from typing import Any
 from rigfleet_testbed import vllm_builds
 from rigfleet_testbed.genesis_patches import TEXT_PATCHES
 
-SIM_DIR = Path(__file__).resolve().parents[2] / "testbed" / "rigfleet_testbed" / "images" / "vllm-sim"
+SIM_DIR = (Path(__file__).resolve().parents[2] / "testbed" / "rigfleet_testbed" / "images"
+           / "vllm-sim")
 if str(SIM_DIR) not in sys.path:
     sys.path.insert(0, str(SIM_DIR))
 

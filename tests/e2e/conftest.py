@@ -53,7 +53,9 @@ EXTRAS = os.environ.get("RIGFLEET_TESTBED_EXTRAS", "1") != "0"
 SINGLE_STACK = "single-fp8-mtp"
 
 
-def run(cmd: list[str], timeout: float = 1800, check: bool = True, **kw) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str], timeout: float = 1800, check: bool = True, **kw
+) -> subprocess.CompletedProcess:
     """Run a command from the repository root, echoing it; output captured as text."""
     print("+", " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, cwd=REPO, text=True, capture_output=True, timeout=timeout, **kw)

@@ -9,8 +9,9 @@ tests run in order on one fleet, each from where the previous one left it:
 2. images the int8 stack file does not allow (a nightly; a release below v0.22.0, which has no
    INT8 per-token-head KV) are refused before any host changes;
 3. the bump to v0.28.0 (with the extras: seeded into lb1's fleet cache first, each blob from
-   the upstream once, and pulled by the canary from there) is killed (its whole process group, as when the control machine dies)
-   as soon as the canary promoted: a converge keeps host1 on the candidate (the bump journal)
+   the upstream once, and pulled by the canary from there) is killed (its whole process group,
+   as when the control machine dies) as soon as the canary promoted: a converge keeps host1 on
+   the candidate (the bump journal)
    and the others on the pins file; the next ``rigfleet bump`` resumes the plan, and host3 is
    stopped while its swap holds the lock: host2 promotes, host3 is reported lost, the pins file
    records what each host runs; a bump while host3 is down reports it unreachable; once it is

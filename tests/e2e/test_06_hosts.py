@@ -134,16 +134,19 @@ CHANGES = (
     ),
     ManualChange(
         "image-edited-in-compose-file",
-        f"{NO_SUPERVISOR}docker pull -q {OTHER_IMAGE} && sed -i 's#^    image: .*#    image: {OTHER_IMAGE}#' "
+        f"{NO_SUPERVISOR}docker pull -q {OTHER_IMAGE} && "
+        f"sed -i 's#^    image: .*#    image: {OTHER_IMAGE}#' "
         f"{COMPOSE} && docker compose -p rigfleet-int8 -f {COMPOSE} up -d",
-        (f"container rigfleet-int8 runs image {OTHER_IMAGE}", "pins stacks.int8 is {image}@{digest}",
+        (f"container rigfleet-int8 runs image {OTHER_IMAGE}",
+         "pins stacks.int8 is {image}@{digest}",
          "differs from what the deploy renders"),
         f"rigfleet-int8 runs {OTHER_IMAGE}",
         cleanup="docker rm -f rigfleet-int8",
     ),
     ManualChange(
         "container-replaced-with-docker-run",
-        f"{NO_SUPERVISOR}docker pull -q {OTHER_IMAGE} && docker rm -f rigfleet-int8 && docker run -d "
+        f"{NO_SUPERVISOR}docker pull -q {OTHER_IMAGE} && docker rm -f rigfleet-int8 && "
+        "docker run -d "
         "--name rigfleet-int8 --gpus all --ipc host -p 127.0.0.1:8011:8000 "
         "--env-file /etc/rigfleet/secrets/vllm.env "
         f"-v {WEIGHTS}:/root/.cache/huggingface/"
@@ -157,7 +160,8 @@ CHANGES = (
     ),
     ManualChange(
         "container-recreated-from-another-image",
-        f"{NO_SUPERVISOR}docker pull -q {OTHER_IMAGE} && printf 'services:\\n  vllm:\\n    image: {OTHER_IMAGE}\\n' > /root/other-image.yaml "
+        f"{NO_SUPERVISOR}docker pull -q {OTHER_IMAGE} && "
+        f"printf 'services:\\n  vllm:\\n    image: {OTHER_IMAGE}\\n' > /root/other-image.yaml "
         f"&& docker compose -p rigfleet-int8 -f {COMPOSE} -f /root/other-image.yaml up -d",
         (f"container rigfleet-int8 runs image {OTHER_IMAGE}",),
         f"rigfleet-int8 runs {OTHER_IMAGE}",

@@ -185,7 +185,8 @@ def edge(testbed, converged):
     """The inventory copy (int8-edge in its ``stacks_dir``, its own pins file); removed, and
     the host's staged copy of int8-edge with it, by a converge of the real inventory."""
     WORK.mkdir(parents=True, exist_ok=True)
-    EDGE_INVENTORY.write_text(f'''"""Testbed {layout.INSTANCE} for tests/e2e/test_09_throughput.py."""
+    EDGE_INVENTORY.write_text(
+        f'''"""Testbed {layout.INSTANCE} for tests/e2e/test_09_throughput.py."""
 import runpy
 
 _tb = runpy.run_path({str(INVENTORY)!r})

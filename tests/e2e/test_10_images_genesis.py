@@ -158,7 +158,8 @@ def write_copies(image_id: str) -> None:
 
 def write_inventory(per_host: dict[str, dict]) -> None:
     """The generated inventory with ``per_host`` data on top of each host's own."""
-    TEN_INVENTORY.write_text(f'''"""Testbed {layout.INSTANCE} for tests/e2e/test_10_images_genesis.py."""
+    TEN_INVENTORY.write_text(
+        f'''"""Testbed {layout.INSTANCE} for tests/e2e/test_10_images_genesis.py."""
 import json
 import runpy
 

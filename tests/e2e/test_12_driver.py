@@ -57,7 +57,8 @@ def fleet(converged, testbed):
     assert load_pins(STATE / "pins.yaml").driver_branch == OLD_BRANCH, text
     ROLL_PINS.write_text(text.replace(f"branch: '{OLD_BRANCH}'", f"branch: '{NEW_BRANCH}'", 1))
     assert load_pins(ROLL_PINS).driver_branch == NEW_BRANCH
-    ROLL_INVENTORY.write_text(f'''"""The testbed inventory on {ROLL_PINS.name} (tests/e2e/test_12_driver.py)."""
+    ROLL_INVENTORY.write_text(
+        f'''"""The testbed inventory on {ROLL_PINS.name} (tests/e2e/test_12_driver.py)."""
 import runpy
 
 _tb = runpy.run_path({str(INVENTORY)!r})

@@ -95,7 +95,8 @@ def fleet(testbed, converged):
     changed = re.sub(r"branch: '\d+'", f"branch: '{other}'", text, count=1)
     assert f"branch: '{other}'" in changed and other not in now, (changed, now)
     PINS.write_text(changed)
-    WINDOWS_INVENTORY.write_text(f'''"""The testbed inventory on {PINS.name} (tests/e2e/test_14_windows.py)."""
+    WINDOWS_INVENTORY.write_text(
+        f'''"""The testbed inventory on {PINS.name} (tests/e2e/test_14_windows.py)."""
 import runpy
 
 _tb = runpy.run_path({str(INVENTORY)!r})

@@ -474,7 +474,8 @@ def test_a_slower_gate_raises_the_throughput_alert_and_a_passing_one_clears_it(f
     wait_for(lambda: not alerts_now(lb, "RigThroughputBelowBaseline", host.name),
              RECORD_SEEN_S + SLACK_S + 30, f"RigThroughputBelowBaseline on {host.name} cleared")
     late = [t for t in firing_at(lb, "RigThroughputBelowBaseline", host.name,
-                                 time.time() - written + 60) if t > written + RECORD_SEEN_S + SLACK_S]
+                                 time.time() - written + 60)
+            if t > written + RECORD_SEEN_S + SLACK_S]
     assert not late, late
 
 

@@ -4,8 +4,9 @@ The last module of the session (it leaves the host slower than its history until
 reboot). The slot is a physical fact of the host, outside it: the testbed keeps it in
 ``.testbed/hosts/<host>/hardware.json`` (mounted read-only as ``/etc/nvidia-sim/hardware.json``),
 which the simulated driver loads at boot, as a real card's link is trained at power-on. So the
-test does what a person does when moving a card: change the slot, reboot. The stack comes back at boot (recreated from its verified snapshot); the
-serving simulator then decodes at the pace the link allows (TP=2's all-reduce crosses it),
+test does what a person does when moving a card: change the slot, reboot. The stack comes back
+at boot (recreated from its verified snapshot); the serving simulator then decodes at the pace
+the link allows (TP=2's all-reduce crosses it),
 and ``rigfleet doctor`` reads the link under load.
 """
 

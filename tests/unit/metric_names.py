@@ -1,5 +1,6 @@
 """Every series the monitor scrapes, spelled once: the metric-name contract that
-tests/unit/test_monitor_names.py and test_monitor_rules.py check the rules and dashboards against."""
+tests/unit/test_monitor_names.py and test_monitor_rules.py check the rules and dashboards
+against."""
 
 from __future__ import annotations
 

@@ -347,7 +347,8 @@ def test_behind_a_balancer_the_converge_keeps_a_host_of_every_shared_stack_servi
     three = make_plan(tmp_path, {"host1": "int8", "host2": "int8", "host3": "int8",
                                  "host4": "tq3-mtp-genesis"})
     batch = swap_batch(three)
-    assert batch.size == 2 and "at a time, so that one int8 host keeps serving behind lb1" in batch.why
+    assert batch.size == 2 and (
+        "at a time, so that one int8 host keeps serving behind lb1" in batch.why)
     mixed = make_plan(tmp_path, {"a": "int8", "b": "tq3-mtp-genesis", "c": "int8",
                                  "d": "tq3-mtp-genesis", "e": "int8"})
     assert swap_batch(mixed).size == 1  # two tq3 hosts: one at a time

@@ -52,7 +52,8 @@ def test_a_balancer_host_gets_base_and_haproxy_only_and_a_second_run_changes_not
     assert "k3y-" not in conf and not any("k3y-" in c for c in lb.commands)
     # Checked as a staged copy, moved into place, then a graceful reload.
     staged = f"{CONF}.rigfleet-new"  # roles.ops.checked_file's staged copy
-    checked = next(i for i, c in enumerate(lb.commands) if c.startswith(f"haproxy -c -q -f {staged}"))
+    checked = next(i for i, c in enumerate(lb.commands)
+                   if c.startswith(f"haproxy -c -q -f {staged}"))
     moved = lb.commands.index(f"mv -f {staged} {CONF}")
     reload = lb.commands.index("systemctl reload-or-restart haproxy")
     assert checked < moved < reload
@@ -96,7 +97,7 @@ def test_a_balancer_whose_key_is_not_the_fronts_is_refused(data, lb_data, tmp_pa
     rigs = (FakeRig("debian13"), FakeRig("debian13"))
     run = fleet(data, {**lb_data, "api_key_file": str(other)}, rigs)["lb1"]
     assert run.failed and run.refused
-    assert run.refused.startswith("@fake/lb1: api_key_file: the key it holds (not shown) is not the "
-                                  "key of @fake/rig1; allowed: the same key")
+    assert run.refused.startswith("@fake/lb1: api_key_file: the key it holds (not shown) is "
+                                  "not the key of @fake/rig1; allowed: the same key")
     assert "another-key" not in run.refused
     assert not run.ran("apt-get")

@@ -200,7 +200,8 @@ def test_inventory_targets_read_the_serving_stack_and_history_through_the_probe(
         "http://rig-a.lan:8000", "int8", 40.0)
     assert t.history == (rec,) * 3 and t.api_key == "k" * 32 and t.ca_file is None
     base = t.baseline()
-    assert base is not None and base.figures["narrative"] == 5000.0  # 3 gates: history beats reference
+    # 3 gates: history beats reference
+    assert base is not None and base.figures["narrative"] == 5000.0
     assert "probe --full" in remote.commands[0]
     got = accept_baseline(remote, host, load_desired("rig-a", data), runs=2, warmup=1, by="al")
     assert got["accepted"]["source"] == "accepted"

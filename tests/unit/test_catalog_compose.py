@@ -148,8 +148,8 @@ def test_catalog_has_the_seeds_stacks() -> None:
     assert {s.port for s in STACKS.values()} == {8011, 8012, 8014, 8015, 8020}
     assert builtin_catalog().get("int8").container_name == "rigfleet-int8"
     assert builtin_catalog().get("tq3-mtp-genesis").container_name == "rigfleet-tq3-mtp-genesis"
-    with pytest.raises(CatalogError, match=r"unknown stack 'fp8'; allowed: int8, single-fp8-mtp, tq3-mtp-genesis, "
-                       r"tq3-nomtp, turbo"):
+    with pytest.raises(CatalogError, match=r"unknown stack 'fp8'; allowed: int8, single-fp8-mtp, "
+                       r"tq3-mtp-genesis, tq3-nomtp, turbo"):
         builtin_catalog().get("fp8")
 
 

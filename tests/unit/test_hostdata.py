@@ -149,7 +149,8 @@ def _world_readable(path: Path) -> str:
 
 # (key, value or a function of the secrets fixture, strings the message must contain)
 BAD_HOSTS: list[tuple[str, Any, list[str]]] = [
-    ("stack", "fp8", ["rig-a: stack: 'fp8'", "not a stack", "int8, single-fp8-mtp, tq3-mtp-genesis, tq3-nomtp, turbo"]),
+    ("stack", "fp8", ["rig-a: stack: 'fp8'", "not a stack",
+                      "int8, single-fp8-mtp, tq3-mtp-genesis, tq3-nomtp, turbo"]),
     ("power_caps_w", "290", ["power_caps_w: '290'", "integer number of watts", "[290, 290]"]),
     ("power_caps_w", [290, 700], ["power_caps_w[1]: 700", "sane range", "50..600"]),
     ("power_caps_w", [290], ["power_caps_w: [290]", "has 1 cap(s) but gpu_count is 2"]),
@@ -243,7 +244,8 @@ BAD_HOSTS: list[tuple[str, Any, list[str]]] = [
         {**APT_REPOS, "cuda": {**APT_REPOS["cuda"], "per_distro": {"debian13": {"key": "x"}}}},
         ["apt_repos.cuda.per_distro.debian13.key: 'key'", "is an unknown key"],
     ),
-    ("extra_env", {"fp8": {"A": "1"}}, ["extra_env.fp8: 'fp8'", "int8, single-fp8-mtp, tq3-mtp-genesis, tq3-nomtp, turbo"]),
+    ("extra_env", {"fp8": {"A": "1"}},
+     ["extra_env.fp8: 'fp8'", "int8, single-fp8-mtp, tq3-mtp-genesis, tq3-nomtp, turbo"]),
     ("extra_env", {"int8": {"BAD-NAME": "1"}}, ["extra_env.int8.BAD-NAME", "environment name"]),
     ("extra_env", {"int8": {"FLAG": True}}, ["extra_env.int8.FLAG: True", "'1'/'0'"]),
     ("extra_env", ["A=1"], ["extra_env: ['A=1']", "a mapping stack -> {NAME: value}"]),
@@ -312,7 +314,9 @@ BAD_HOSTS: list[tuple[str, Any, list[str]]] = [
 
 
 @pytest.mark.parametrize(
-    ("key", "value", "expected"), BAD_HOSTS, ids=[f"{b[0]}={'<computed>' if callable(b[1]) else repr(b[1])}"[:40] for b in BAD_HOSTS]
+    ("key", "value", "expected"),
+    BAD_HOSTS,
+    ids=[f"{b[0]}={'<computed>' if callable(b[1]) else repr(b[1])}"[:40] for b in BAD_HOSTS],
 )
 def test_bad_host_data_is_refused_with_a_precise_message(
     data: dict[str, Any], secrets: dict[str, Path], key: str, value: Any, expected: list[str]

@@ -105,8 +105,8 @@ def test_offline_host_gets_the_image_streamed_from_a_control_side_archive(setup,
                                                {"kind": "archive", "path": str(setup["archive"])}]}
     first = deploy(rig, data, fn=stage)
     assert not first.failed
-    assert first.plan == [f"Images | Stage {IMAGE} from image_sources[1] (archive {setup['archive']} "
-                          "(this machine))"]
+    assert first.plan == [f"Images | Stage {IMAGE} from image_sources[1] "
+                          f"(archive {setup['archive']} (this machine))"]
     assert remote.loads == ["docker load"] and not first.ran("docker pull")
     assert first.ran(f"docker tag {setup['image_id']} {IMAGE}")
     assert rig.engine.find(IMAGE).id == setup["image_id"]  # type: ignore[union-attr]

@@ -111,9 +111,10 @@ def test_todays_stacks_render_as_before_and_a_second_model_gets_its_own_mount() 
                                                   f"models.{SECOND}")})
     assert compose_document(builtin_catalog().get("int8"), both, host) == today
     doc = compose_document(second_stack(), both, host)["services"]["vllm"]
-    assert doc["volumes"][0] == f"/srv/models/qwen3.8@{OTHER_REV[:12]}:/root/.cache/huggingface/qwen3.8:ro"
-    assert doc["command"][:4] == ["--model", "/root/.cache/huggingface/qwen3.8", "--served-model-name",
-                                  "qwen3.8-27b"]
+    assert doc["volumes"][0] == (f"/srv/models/qwen3.8@{OTHER_REV[:12]}"
+                                 ":/root/.cache/huggingface/qwen3.8:ro")
+    assert doc["command"][:4] == ["--model", "/root/.cache/huggingface/qwen3.8",
+                                  "--served-model-name", "qwen3.8-27b"]
     assert doc["labels"]["io.rigfleet.model-revision"] == OTHER_REV
 
 

@@ -218,7 +218,8 @@ BAD_PINS = [
     (
         "stacks.fp8",
         {"image": "x:y", "digest": DIGEST_A, "vllm_version": "0.1"},
-        ["stacks.fp8", "'fp8'", "not a stack in the catalog", "int8, single-fp8-mtp, tq3-mtp-genesis, tq3-nomtp, turbo"],
+        ["stacks.fp8", "'fp8'", "not a stack in the catalog",
+         "int8, single-fp8-mtp, tq3-mtp-genesis, tq3-nomtp, turbo"],
     ),
     ("stacks", {}, ["stacks: {}", "one entry per stack the fleet serves", "int8"]),
     (f"{TQ3}.genesis", _DELETE, [f"{TQ3}.genesis", "missing", "needs Genesis"]),
@@ -319,7 +320,8 @@ def test_save_pins_atomic_serial_history_roundtrip(tmp_path: Path) -> None:
     pins = load_pins(path, allow_unresolved=True)
 
     resolved = replace(pins, model=replace(pins.model, revision=REVISION),
-                       stacks={**pins.stacks, "int8": replace(pins.stacks["int8"], digest=DIGEST_A)})
+                       stacks={**pins.stacks,
+                               "int8": replace(pins.stacks["int8"], digest=DIGEST_A)})
     saved = save_pins(resolved, {"action": "lock"})
 
     assert saved.serial == 4

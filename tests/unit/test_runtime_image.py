@@ -1,5 +1,6 @@
 """A Genesis stack's derived image: its name follows what it holds; its Dockerfile installs
-exactly the pinned packages from the given index on top of the pinned image (by the name the images role staged and verified)."""
+exactly the pinned packages from the given index on top of the pinned image (by the name the
+images role staged and verified)."""
 
 from __future__ import annotations
 

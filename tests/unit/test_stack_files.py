@@ -153,7 +153,9 @@ BAD: list[tuple[str, Any, list[str]]] = [
 ]
 
 
-@pytest.mark.parametrize(("key", "value", "expected"), BAD, ids=[f"{b[0]}={b[1]!r}"[:40] for b in BAD])
+@pytest.mark.parametrize(
+    ("key", "value", "expected"), BAD, ids=[f"{b[0]}={b[1]!r}"[:40] for b in BAD]
+)
 def test_a_malformed_stack_file_is_refused_naming_file_key_value_and_allowed(
     tmp_path: Path, key: str, value: Any, expected: list[str]
 ) -> None:
@@ -239,7 +241,8 @@ def test_host_data_names_a_stack_from_its_own_stack_directory(tmp_path):
     settings = validate_host("rig-a", _host_data(tmp_path, stack="mine", stacks_dir=str(stacks)))
     assert settings.spec.name == "mine" and settings.catalog.get("mine").port == 8032
     with pytest.raises(HostDataError, match=r"rig-a: stack: 'mine' is not a stack in the "
-                                            r"catalog; allowed: int8, single-fp8-mtp, tq3-mtp-genesis, tq3-nomtp, turbo"):
+                                            r"catalog; allowed: int8, single-fp8-mtp, "
+                                            r"tq3-mtp-genesis, tq3-nomtp, turbo"):
         validate_host("rig-a", _host_data(tmp_path, stack="mine"))
 
 

@@ -53,7 +53,8 @@ def test_refusal_names_the_file_the_flag_the_version_and_what_to_do():
     assert "vLLM 0.27.1" in text and IMAGE in text and "serve --help" in text
     assert "nothing on the host changed" in text
     env = refusal(Verdict("0.27.1", unknown_env=("VLLM_NO_SUCH",)), spec, IMAGE)
-    assert env is not None and f"{spec.source}: env: VLLM_NO_SUCH: not a setting of vLLM 0.27.1" in env
+    assert env is not None and (
+        f"{spec.source}: env: VLLM_NO_SUCH: not a setting of vLLM 0.27.1" in env)
     assert refusal(Verdict("0.27.1"), spec, IMAGE) is None
     broken = refusal(Verdict("", problem="the check exited non-zero: no python3"), spec, IMAGE)
     assert broken is not None and "could not be checked" in broken and "no python3" in broken

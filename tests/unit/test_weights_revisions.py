@@ -130,7 +130,8 @@ def test_the_weights_dirs_fact_on_a_real_directory(tmp_path):
     (models / "a file").write_text("not listed")
     staged, snapshot = tmp_path / "staged.yaml", tmp_path / "active.yaml"
     staged.write_text(f"    volumes:\n    - {b}:/root/.cache/huggingface/{LOCAL}:ro\n")
-    snapshot.write_text(f"    volumes:\n    - {models}/{LOCAL}:/root/.cache/huggingface/{LOCAL}:ro\n"
+    snapshot.write_text("    volumes:\n"
+                        f"    - {models}/{LOCAL}:/root/.cache/huggingface/{LOCAL}:ro\n"
                         f"    - /elsewhere{models}/{LOCAL}:/x:ro\n")  # fmt: skip
     fact = WeightsDirs()
     command = fact.command(model_dir=str(models),

@@ -156,8 +156,10 @@ def grant_devices(req: Request, hw: sim.Hardware, indices: list[int], paths: sim
             raise HookError(f"container error: cgroup: {node.rule}: {exc.strerror}") from exc
     systemd = devnodes.systemd_managed(hw, devnodes.dockerd_cgroup_driver(
         proc, snapshots=paths.dockerd))
-    kept = devnodes.spec_rules(req.config, paths.dev, skip_missing=devnodes.skips_missing_char_paths(
-        devnodes.runc_version())) if systemd else []
+    kept = devnodes.spec_rules(
+        req.config, paths.dev,
+        skip_missing=devnodes.skips_missing_char_paths(devnodes.runc_version()),
+    ) if systemd else []
     grant = devnodes.Grant(container=req.container, pid=req.pid, cgroup=str(cgroup),
                            systemd=systemd, rules=[n.rule for n in nodes], kept=kept)
     devnodes.write_grant(paths, grant)

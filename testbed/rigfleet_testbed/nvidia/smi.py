@@ -202,7 +202,9 @@ def select_gpus(hw: sim.Hardware, ids: str) -> list[int]:
     for token in (t.strip() for t in ids.split(",")):
         pos = None
         for p, g in enumerate(hw.gpus):
-            if token.isdigit() and int(token) == g.index or token.upper() in (g.uuid.upper(), g.pci_bus_id, g.pci_bus_id[4:]):
+            if token.isdigit() and int(token) == g.index or token.upper() in (
+                g.uuid.upper(), g.pci_bus_id, g.pci_bus_id[4:]
+            ):
                 pos = p
         if pos is None:
             raise SmiExit(NO_DEVICES, NOT_FOUND)
@@ -405,9 +407,12 @@ def render_table(ctx: Context, readings: list[sim.Reading], now: float) -> str:
         f"| NVIDIA-SMI {ctx.library_version:<23}Driver Version: {ctx.driver_version:<15}"
         f"CUDA Version: {ctx.cuda:<9}|",
         _GPU_RULE,
-        "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
-        "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
-        "|                                         |                        |               MIG M. |",
+        "| GPU  Name                 Persistence-M | Bus-Id          Disp.A "
+        "| Volatile Uncorr. ECC |",
+        "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage "
+        "| GPU-Util  Compute M. |",
+        "|                                         |                        "
+        "|               MIG M. |",
         "|" + "=" * 41 + "+" + "=" * 24 + "+" + "=" * 22 + "|",
     ]
     for r in readings:
@@ -428,8 +433,10 @@ def render_table(ctx: Context, readings: list[sim.Reading], now: float) -> str:
         "",
         _RULE,
         "| Processes:" + " " * 78 + "|",
-        "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
-        "|        ID   ID                                                               Usage      |",
+        "|  GPU   GI   CI              PID   Type   Process name                        "
+        "GPU Memory |",
+        "|        ID   ID                                                               "
+        "Usage      |",
         "|" + "=" * 89 + "|",
     ]
     procs = [(r.gpu.index, a, mib) for r in readings for a, mib in r.processes]

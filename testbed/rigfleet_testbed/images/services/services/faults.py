@@ -41,7 +41,8 @@ def _matches(name: str, path: str) -> bool:
 
 
 def corrupt_chunk(offset: int, chunk: bytes, size: int) -> bytes:
-    """Invert the bytes of ``chunk`` (starting at file ``offset``) that a corrupted copy differs in."""
+    """Invert the bytes of ``chunk`` (starting at file ``offset``) that a corrupted copy
+    differs in."""
     data = bytearray(chunk)
     end = offset + len(chunk)
     first = offset + (

@@ -229,7 +229,8 @@ def _parse_users(data: dict[str, Any], path: Path) -> dict[str, User]:
 
 
 def git_tree_oid(entries: list[tuple[str, str, str]]) -> str:
-    """Git tree object id of ``(mode, name, oid)`` entries (``"100644"`` files, ``"40000"`` trees)."""
+    """Git tree object id of ``(mode, name, oid)`` entries (``"100644"`` files, ``"40000"``
+    trees)."""
 
     # Git sorts tree entries by name, with directories compared as if they ended in "/".
     def key(e: tuple[str, str, str]) -> bytes:

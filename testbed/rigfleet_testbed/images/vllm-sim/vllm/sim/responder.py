@@ -159,7 +159,9 @@ def pick_tool(tools: list[dict[str, Any]], request: str, required: bool) -> dict
     return None
 
 
-_CAP_PHRASE = re.compile(r"\b(?:in|for|at|near|of|from|to)\s+((?:[A-Z][\w'\-]*)(?:\s+[A-Z][\w'\-]*)*)")
+_CAP_PHRASE = re.compile(
+    r"\b(?:in|for|at|near|of|from|to)\s+((?:[A-Z][\w'\-]*)(?:\s+[A-Z][\w'\-]*)*)"
+)
 _ANY_CAP = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][a-z][\w'\-]*(?:\s+[A-Z][a-z][\w'\-]*)*)")
 _PATH_RE = re.compile(r"(?:[\w.\-]*/)+[\w.\-]+|\b[\w\-]+\.(?:py|js|ts|rs|go|md|txt|json|yaml|yml|"
                       r"toml|c|cc|cpp|h|java|sh|cfg|ini|csv|html|css)\b")

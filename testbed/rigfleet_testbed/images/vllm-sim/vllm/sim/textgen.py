@@ -186,7 +186,9 @@ class Generator:
         while used < target_tokens:
             i += 1
             a, b = r.choice(names), r.choice(NOUNS).replace("-", "_")
-            fname = f"{r.choice(['compute', 'build', 'find', 'update', 'merge', 'check', 'load', 'split'])}_{a}_{b}"
+            verb = r.choice(['compute', 'build', 'find', 'update', 'merge', 'check', 'load',
+                             'split'])
+            fname = f"{verb}_{a}_{b}"
             acc = f"{r.choice(NOUNS).replace('-', '_')}_{i}"
             item = r.choice(["item", "entry", "node", "value", "row", "elem"])
             limit = r.randint(2, 97)
