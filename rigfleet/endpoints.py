@@ -82,7 +82,8 @@ def check(host: InventoryHost, timeout: float = 60) -> EndpointCheck:
         key = read_key(settings)
     except (RigfleetError, OSError) as exc:
         return EndpointCheck(host.name, "-", "bad data", "", str(exc), 0.0)
-    return ask(host.name, front_url(host, settings), key, front_context(settings.front_tls), timeout)
+    return ask(host.name, front_url(host, settings), key, front_context(settings.front_tls),
+               timeout)
 
 
 def check_balancer(lb: InventoryHost, hosts: Sequence[InventoryHost],

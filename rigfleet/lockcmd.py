@@ -1,4 +1,5 @@
-"""``rigfleet lock HOST``: who holds a host's lock (holder, since, why, alive?); release a stale one.
+"""``rigfleet lock HOST``: who holds a host's lock (holder, since, why, alive?); release a
+stale one.
 
     rigfleet lock host1
     rigfleet lock host1 --release --reason "deploy killed at 10:02, host rebooted since"

@@ -335,8 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
         parser.set_defaults(func=func)
         return parser
 
-    for name, func, text in (("swap", cmd_swap, "run a swap transaction from a plan file"),
-                             ("adopt", cmd_adopt, "record the stack that already serves as active")):
+    for name, func, text in (
+            ("swap", cmd_swap, "run a swap transaction from a plan file"),
+            ("adopt", cmd_adopt, "record the stack that already serves as active")):
         command(name, func, text).add_argument("--plan", required=True)
     for name, func, text in (("ensure", cmd_ensure, "the active stack serves (boot, reroute)"),
                              ("shutdown", cmd_shutdown, "front to 503, every stack down")):
