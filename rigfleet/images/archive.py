@@ -103,8 +103,7 @@ def inspect_archive(path: str | Path) -> ArchiveInfo:
         raise ArchiveError(f"{p}: not a readable `docker save` archive ({e})") from None
     except ValueError as e:
         raise ArchiveError(f"{p}: not a `docker save` archive: {e}") from None
-    info = _CACHE[key] = ArchiveInfo(str(p), st.st_size, images, read_sidecar(p))
-    return info
+    return _CACHE.setdefault(key, ArchiveInfo(str(p), st.st_size, images, read_sidecar(p)))
 
 
 def _read(tar: tarfile.TarFile, name: str) -> bytes:
