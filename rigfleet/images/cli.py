@@ -213,9 +213,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _pick(info: ArchiveInfo, image: str | None) -> ArchivedImage:
     if len(info.images) == 1:
         return info.images[0]
-    for i in info.images:
-        if image in i.repo_tags:
-            return i
+    if (named := next((i for i in info.images if image in i.repo_tags), None)) is not None:
+        return named
     raise ImagesCliError(f"{info.path}: holds {len(info.images)} images ({info.label}); "
                          "allowed: --image <repo>:<tag> naming one of them")
 
