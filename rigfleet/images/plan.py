@@ -226,11 +226,10 @@ def cache_steps(w: WantedImage, r: SourceResult, after: SourceResult) -> tuple[S
 
 def need_bytes(r: SourceResult) -> dict[str, int]:
     size = r.size or 0
-    if r.source.kind in ("hub", "registry"):
-        return {ROOT: int(size * PULL_FACTOR)}
+    need = {ROOT: int(size * (PULL_FACTOR if r.source.keeps_digest else LOAD_FACTOR))}
     if r.source.kind == "archive" and r.source.via == "upload":
-        return {ROOT: int(size * LOAD_FACTOR), r.source.upload_dir: size}
-    return {ROOT: int(size * LOAD_FACTOR)}
+        need[r.source.upload_dir] = size
+    return need
 
 
 def plan_image(w: WantedImage, here: Presence, results: Sequence[SourceResult]) -> ImagePlan:
