@@ -1,6 +1,5 @@
-"""What ``rigfleet bump`` decides before any host changes: its flags (``BumpOptions``) and
-inputs, the bumped stacks, the candidate (``--latest``), the Genesis commit to pair with it, the
-stack files' image rules, and the plan::
+"""What ``rigfleet bump`` decides before any host changes: flags, inputs, bumped stacks, the
+``--latest`` candidate, the Genesis commit to pair with it, the stack files' image rules, the plan::
 
     names = bumped_stacks(opts, inputs.pins, "vllm/vllm-openai")
     plan, genesis, probe = decide_plan(opts, inputs, names, candidate, probe, unreachable,

@@ -1,9 +1,5 @@
-"""Carry a bump's plan out and record it: the candidate pins file, the rollout (journalled),
-the images kept and pruned, the pins file written for what promoted, rolled-back hosts
-converged once more, the summary (``rigfleet bump``, its resume, ``rigfleet rollback``).
-An unfinished bump (its journal beside the pins file, docs/bump.md): any ``rigfleet bump``
-finishes it (unless it asks for another candidate: refused), ``--abandon`` records it and
-stops, one still running is left alone::
+"""Carry a bump's plan out (``rigfleet bump``, ``rollback``) and record it, and finish an
+unfinished one (``--abandon``: record it and stop); docs/bump.md tells the steps and the journal::
 
     rc = execute(opts, inputs, SshRemote(), plan, candidate, "0.21.0")
     rc = run_journal(args)     # None: no unfinished bump

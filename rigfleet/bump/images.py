@@ -1,7 +1,6 @@
-"""The candidate image on the hosts: seeded into the fleet caches (``prefetch``), its
-``vllm.__version__`` read on the canary (docs/bump.md, steps 3 and 7), older images pruned after
-the rollout, the promoted one saved here (the code of ``rigfleet images export``) and copied
-into a mirror registry, manifest bytes unchanged (``--push-mirror``)::
+"""The candidate image on the hosts (docs/bump.md, steps 3 and 7): seeded into the fleet caches,
+its ``vllm.__version__`` read on the canary, older ones pruned, the promoted one saved here and
+copied into a mirror registry, manifest bytes unchanged (``--push-mirror``)::
 
     held = prefetch(SshRemote(), load_inventory("inventory/home.py"), candidate, log)
     probe = read_version(SshRemote(), canary_host, candidate, pull=True, caches=held)
