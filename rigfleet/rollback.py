@@ -161,9 +161,8 @@ def run(args: argparse.Namespace) -> int:
             log(f"every host already runs the stacks of serial {to}; nothing to do")
             return EXIT_OK
         remote = SshRemote(args.timeout)
-        unreachable: dict[str, str | None] = {h.name: "not in --limit" for h in hosts
-                                              if h.name not in picked}
-        unreachable.update(reachability(remote, [h for h in hosts if h.name in picked]))
+        unreachable = {**{h.name: "not in --limit" for h in hosts if h.name not in picked},
+                       **reachability(remote, [h for h in hosts if h.name in picked])}
         plan = build_plan(plan_hosts, unreachable, pins, new, args.batch_size,
                           args.max_failures)
     except UsageError:
