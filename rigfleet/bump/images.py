@@ -173,13 +173,9 @@ def prune(remote: Remote, host: InventoryHost, repository: str, keep: Iterable[s
                                    f"{shlex.quote(repository)}")
     if rc != 0:
         return []
-    removed = []
-    for ref in to_prune(listing, repository, keep):
-        # No --force: an image a container (even a stopped one) uses keeps its last reference.
-        rc, _ = remote.run(host, f"docker image rm {shlex.quote(ref)} >/dev/null 2>&1")
-        if rc == 0:
-            removed.append(ref)
-    return removed
+    # No --force: an image a container (even a stopped one) uses keeps its last reference.
+    return [ref for ref in to_prune(listing, repository, keep)
+            if remote.run(host, f"docker image rm {shlex.quote(ref)} >/dev/null 2>&1")[0] == 0]
 
 
 def save_image(remote: Remote, host: InventoryHost, candidate: Candidate, directory: Path,
