@@ -186,8 +186,7 @@ def tag_command(src: str, image: str) -> str:
 
 
 def registry_ref(w: WantedImage, source: ImageSource) -> str:
-    path = source.repository or registry_of(w.repository)[1]
-    return f"{source.registry_host}/{path}@{w.digest}"
+    return f"{source.registry_host}/{source.repository or registry_of(w.repository)[1]}@{w.digest}"
 
 
 def fetch_steps(w: WantedImage, r: SourceResult) -> tuple[Step, ...]:
