@@ -193,9 +193,8 @@ def record_pins(plan: Plan, result: RolloutResult, extra: dict[str, Any]) -> Pin
     try:
         saved = save_pins(new, entry)
     except PinsError as e:
-        # Saved by someone else during the rollout: this result goes beside it, to merge.
-        # As save_pins would have written it (the next serial, in the entry too), atomically:
-        # until someone merges it, it is this bump's only record.
+        # Saved by someone else meanwhile: this result goes beside it, to merge, as save_pins
+        # would have written it (the next serial, in the entry too), atomically (its only record).
         aside = Path(f"{plan.pins.path}.bump-result.yaml")
         history = [*new.history, {**(entry or {}), "serial": new.serial + 1}]
         write_keeping_mode(aside, dump_pins(replace(new, serial=new.serial + 1, history=history)))

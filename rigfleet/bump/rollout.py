@@ -252,9 +252,8 @@ def classify(host: str, stack: str, old: StackPins, new: StackPins, deploy: Depl
 
 def settle(host: str, stack: str, old: StackPins, new: StackPins, before: HostProbe | None,
            after: HostProbe | str, batch: int) -> HostOutcome | None:
-    """The outcome of a host its interrupted batch was deploying, from what it says now; None
-    when its swap never started (the resumed batch deploys it); ``StillRunning`` while a
-    transaction holds its lock."""
+    """An interrupted batch's host's outcome from what it says now; None: its swap never
+    started (the resumed batch deploys it); ``StillRunning`` while a transaction holds its lock."""
     if isinstance(after, str):
         return HostOutcome(host, Status.LOST, batch, None,
                            f"unreachable when the interrupted bump resumed ({after})")
