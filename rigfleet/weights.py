@@ -102,12 +102,9 @@ def _owner(entry: WeightsEntry) -> str | None:
 
 def _mounted(dirs: WeightsDirsState) -> set[str]:
     """Every name a compose file mounts and, for a mounted link, the directory it points to."""
-    kept = set(dirs.referenced)
-    for name in dirs.referenced:
-        entry = dirs.entries.get(name)
-        if entry is not None and entry.kind == "link" and entry.target:
-            kept.add(entry.target.rstrip("/").rsplit("/", 1)[-1])
-    return kept
+    entries = [dirs.entries.get(name) for name in dirs.referenced]
+    return {*dirs.referenced, *(e.target.rstrip("/").rsplit("/", 1)[-1] for e in entries
+                                if e is not None and e.kind == "link" and e.target)}
 
 
 def stale_weights(dirs: WeightsDirsState, local_dir: str, revision: str) -> list[str]:
