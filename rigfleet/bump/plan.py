@@ -56,9 +56,8 @@ class Plan:
         return {**self.old_for(host), **self.new_stacks}
 
     def candidate_pins(self, path: str) -> Pins:
-        """The pins file the rollout deploys with (at ``path``): the bumped stacks new, rollout
-        hosts' overrides of them dropped, and the serial the real file gets when saved (so the
-        ledgers' ``pins_serial`` matches it)."""
+        """The pins file the rollout deploys with (at ``path``): bumped stacks new, moving hosts'
+        overrides of them dropped, the serial the saved file gets (the ledgers' ``pins_serial``)."""
         moving = {h for batch in self.batches for h in batch}
         kept = {name: {s: p for s, p in overrides.items()
                        if name not in moving or s not in self.new_stacks}
