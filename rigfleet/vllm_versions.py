@@ -22,9 +22,8 @@ TAG_KINDS = (RELEASE, NIGHTLY)
 
 def tag_kind(tag: str) -> str | None:
     """``release`` for ``vX.Y.Z``, ``nightly`` for ``nightly-<40-hex>``, None otherwise."""
-    if RELEASE_TAG.fullmatch(tag):
-        return RELEASE
-    return NIGHTLY if NIGHTLY_TAG.fullmatch(tag) else None
+    return RELEASE if RELEASE_TAG.fullmatch(tag) else (
+        NIGHTLY if NIGHTLY_TAG.fullmatch(tag) else None)
 
 
 def version_key(version: str) -> Version | None:
