@@ -80,9 +80,7 @@ def wanted_images(stacks: Mapping[str, StackPins]
 
 def matches(w: WantedImage, img: LocalImage) -> bool:
     """``img`` is the pinned image: by id (or containerd's digest id), else by RepoDigests."""
-    if w.image_id:
-        return img.id in (w.image_id, w.digest)
-    return img.has_digest(w.digest)
+    return img.id in (w.image_id, w.digest) if w.image_id else img.has_digest(w.digest)
 
 
 @dataclass(frozen=True)
