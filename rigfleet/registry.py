@@ -121,9 +121,8 @@ class Registry:
         if code == 429:
             return self._fail(what, "rate limited (HTTP 429: too many requests from this "
                               "address; wait, or use a registry mirror)", RegistryUnreachable)
-        if code >= 500:
-            return self._fail(what, f"HTTP {code} {reason}", RegistryUnreachable)
-        return self._fail(what, f"HTTP {code} {reason}")
+        return self._fail(what, f"HTTP {code} {reason}",
+                          RegistryUnreachable if code >= 500 else RegistryError)
 
     def _token(self, challenge: str, what: str = "the repository") -> str:
         params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))

@@ -142,6 +142,4 @@ def parse_image_arg(value: str, default_repository: str) -> tuple[str, str]:
         raise RegistryError(f"--image {value!r}: give a tag; the digest is read from the registry")
     if re.fullmatch(r"[0-9a-f]{40}", value):
         return default_repository, f"nightly-{value}"
-    if ":" in value.rsplit("/", 1)[-1]:
-        return split_image(value)
-    return default_repository, value
+    return split_image(value) if ":" in value.rsplit("/", 1)[-1] else (default_repository, value)
