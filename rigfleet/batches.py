@@ -1,6 +1,5 @@
 """How many serving hosts move at once: one policy for the rollout's batches, the deploy's
-maintenance admission (``roles.maintenance``, told by ``RIGFLEET_MAINTENANCE_BATCH``) and the
-converge's swap slots (``roles.swap``)::
+maintenance admission (``RIGFLEET_MAINTENANCE_BATCH``) and the converge's swap slots::
 
     in_batches(["a", "b", "c"], 2)         # [("a", "b"), ("c",)]
     admit(["b", "c"], 2, moving=["a"])     # ["b"]

@@ -1,6 +1,5 @@
-"""A Genesis stack's image: the pinned vLLM image plus the pinned packages Genesis imports,
-baked in once (no network at container start); its name says both, so the compose file changes
-exactly when either does::
+"""A Genesis stack's image: the pinned vLLM image plus the pinned packages Genesis imports, baked
+in once (no network at container start), named by both: the compose file changes when either does::
 
     img = RuntimeImage.for_stack(spec, pins.stacks["tq3-mtp-genesis"])
     img.ref               # 'rigfleet/tq3-mtp-genesis-runtime:6a93ae43168d-0f3c9e1a'

@@ -1,6 +1,5 @@
-"""The candidate image, from the registry's v2 API: its tag, manifest digest and build time,
-and what ``--latest`` picks (docs/bump.md, step 1: releases by version order; nightlies only
-for a Genesis stack whose allowlist lists nothing else, by build time)::
+"""The candidate image from the registry's v2 API (tag, manifest digest, build time) and what
+``--latest`` picks (docs/bump.md, step 1: releases by version; Genesis nightlies by build time)::
 
     cand = find_candidate(Registry(DOCKER_HUB), "vllm/vllm-openai", tag="v0.27.1")
     newest_release(reg.tags("vllm/vllm-openai"), above="0.27.1")    # "v0.32.0"

@@ -1,6 +1,5 @@
-"""The journal of an unfinished ``rigfleet bump``, ``<pins file>.bump-journal.json``: its plan
-and what it did so far, so converges keep promoted hosts there and the next bump finishes it.
-docs/bump.md ("Interrupted bumps: the journal") tells each step, each reader and the format::
+"""The journal of an unfinished ``rigfleet bump`` (``<pins file>.bump-journal.json``): its plan and
+what it did, so converges keep promoted hosts there and the next bump finishes it (docs/bump.md)::
 
     journal = load_journal(pins)                 # None when no bump is unfinished
     if journal is not None and journal.state == "open":

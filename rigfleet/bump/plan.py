@@ -1,6 +1,5 @@
-"""The rollout plan (``Plan``): which hosts, which canary, which batches, which pins pair per
-stack. Pure. ``build_plan`` decides it (the rules: docs/bump.md, "What it does", step 5), the
-bump's journal keeps it, the deploy's model reads it while a bump is unfinished::
+"""The rollout plan (``Plan``, pure): hosts, canary, batches, the pins pair per stack; build_plan
+decides it (docs/bump.md, step 5), the journal keeps it for the deploy while a bump is unfinished::
 
     plan = build_plan(hosts, reach, pins, {"int8": new_int8}, batch_size=2, max_failures=1)
     plan.batches        # (("host1",), ("host2", "host3"))

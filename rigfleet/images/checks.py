@@ -1,6 +1,5 @@
-"""The control-side checks of image sources: can this source provide this image? Registries
-by a HEAD for the digest, archives here by hashing their configs, archives on the host from
-its ``HostImageState``; a checker remembers its answers (each registry once per image)::
+"""Can this source provide this image, asked here: a registry by a HEAD for the digest, an archive
+by hashing its configs, one on the host from its ``HostImageState``; a checker keeps its answers::
 
     checker = SourceChecker()
     results = checker.results(wanted, settings, host_state)

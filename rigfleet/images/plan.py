@@ -1,6 +1,5 @@
-"""The staging plan: which pinned images a host still needs, from which source, with which
-commands (present / tag / fetch / refused; docs/images.md has the table). Pure: sources and
-host state in, commands out::
+"""The staging plan (pure: sources and host state in, commands out): which pinned images a host
+still needs, from which source, with which commands (present/tag/fetch/refused: docs/images.md)::
 
     wanted, problems = wanted_images(pins.stacks)   # stack name -> StackPins
     plan = plan_host("host1", wanted, state, results)
