@@ -135,8 +135,7 @@ def _image(fields: list[str]) -> LocalImage | None:
     if fields[0] == "-" or len(fields) < 3:
         return None
     try:
-        digests = json.loads(fields[1]) or []
-        tags = json.loads(fields[2]) or []
+        digests, tags = (json.loads(text) or [] for text in fields[1:3])
     except ValueError:
         digests, tags = [], []
     return LocalImage(fields[0], tuple(str(d) for d in digests), tuple(str(t) for t in tags))
