@@ -1,6 +1,5 @@
-"""Genesis on the control side: a ``git clone --mirror`` in a cache, each commit read with the
-hosts' own ``rigfleet/genesis_inspect.py``, the commit to pair with a candidate vLLM, and what
-``rigfleet pins lock`` records. docs/genesis.md tells the rules::
+"""Genesis on the control side (docs/genesis.md): a ``git clone --mirror`` in a cache, commits read
+with the hosts' ``genesis_inspect``, the commit for a candidate vLLM, what ``pins lock`` records::
 
     repo = GenesisRepo("https://github.com/Sandermage/sndr_core_engine.git").sync()
     choice = choose_genesis(repo, pinned="7b9fd319...", version="0.21.0")
