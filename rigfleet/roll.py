@@ -1,6 +1,5 @@
-"""``rigfleet roll``: the converge over the fleet, serving hosts disturbed a batch at a time,
-each run with ``RIGFLEET_MAINTENANCE_BATCH=<batch>``, through the rollout engine without a
-canary (``rigfleet.bump.rollout.run_batches``); docs/maintenance.md tells the rest::
+"""``rigfleet roll``: the converge over the fleet, serving hosts a batch at a time (each run told
+``RIGFLEET_MAINTENANCE_BATCH``), by the rollout engine without a canary (docs/maintenance.md)::
 
     rigfleet roll --inventory inventory/home.py --batch 2 --dry
 """

@@ -1,6 +1,5 @@
-"""The rollout engine of ``rigfleet bump``, ``rollback`` and ``roll``: per batch one ``pyinfra
-<inventory> deploy.py -y --json --limit <host> ...`` run, then each host's outcome read back over
-SSH beside pyinfra's result (docs/bump.md, step 6); ``pins_after``: the pins file it leaves::
+"""The rollout engine of ``rigfleet bump``, ``rollback`` and ``roll``: a ``pyinfra ... --limit`` run
+per batch, each host's outcome read back over SSH (docs/bump.md, step 6), the pins file after::
 
     runner = PyinfraRunner(inventory, hosts_by_name, SshRemote(), log_dir=Path("reports/..."))
     result = rollout(plan, runner, Path(".pins.yaml.bump-123"), on_event=print)
