@@ -16,8 +16,7 @@ def batch_size(raw: str | int, what: str, allowed: str = "1 or more") -> int:
     """``raw`` as a number of hosts (>= 1), else ValueError naming ``what`` and the value."""
     text = str(raw).strip()
     if not text.isdigit() or int(text) < 1:
-        shown = repr(raw) if isinstance(raw, str) else str(raw)
-        raise ValueError(f"{what}: {shown} is not a number of hosts; allowed: {allowed}")
+        raise ValueError(f"{what}: {raw!r} is not a number of hosts; allowed: {allowed}")
     return int(text)
 
 
