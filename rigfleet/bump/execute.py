@@ -250,10 +250,11 @@ def run_journal(args: argparse.Namespace) -> int | None:
 
 def _alive(pid: int) -> bool:
     try:
-        with contextlib.suppress(PermissionError):  # another user's process: alive
-            os.kill(pid, 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    except PermissionError:
+        return True
     return True
 
 
