@@ -26,7 +26,6 @@ from rigfleet.genesis_inspect import (
     REGISTRY,
     SCHEMA,
     Source,
-    inspect,
     lifecycle,
     read_file,
     registry_literal,
@@ -110,11 +109,6 @@ class TreeReport:
             errors=tuple(data.get("errors") or ()),
             has_registry=bool(reg),
         )  # fmt: skip
-
-    @classmethod
-    def read(cls, source: Source, *, registry: bool = True) -> TreeReport:
-        """The report of a tree this process reads itself (``registry=False``: without it)."""
-        return cls.from_json(inspect(source, registry=registry))
 
     @property
     def allowed(self) -> tuple[str, ...]:
@@ -222,8 +216,7 @@ def switch_problems(report: TreeReport, use: StackUse, *, label: str) -> list[st
             continue
         suffix = name[len(prefix):]
         head = f"stack {use.spec.name}: {name}={value}: "
-        targets = report.targets(name)
-        if not targets:
+        if not (targets := report.targets(name)):
             if prefix not in report.switch_prefixes or suffix not in report.flags:
                 problems.append(head + _unknown(report, prefix, suffix, label) + "; "
                                 + use.fix(name))  # fmt: skip
@@ -387,11 +380,10 @@ def stack_profile(spec: StackSpec) -> dict[str, Any]:
                            "is_turboquant": spec.kv_cache_dtype.startswith("turboquant"),
                            "spec_method": spec.speculative_method or "none",
                            "platform": "cuda"}  # fmt: skip
-    args = list(spec.args)
-    for i, arg in enumerate(args):
+    for i, arg in enumerate(spec.args):
         flag, eq, value = arg.partition("=")
         if flag == "--tool-call-parser":
-            out["tool_call_parser"] = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            out["tool_call_parser"] = value if eq else next(iter(spec.args[i + 1:]), "")
     if spec.genesis is not None:
         out.update(spec.genesis.model)
     return out
@@ -405,9 +397,8 @@ def meets(applies_to: Mapping[str, Any], profile: Mapping[str, Any]) -> bool:
         wanted = list(allowed) if isinstance(allowed, list | tuple | set) else [allowed]
         if key in _ARCH_KEYS:
             have = profile.get("model_arch")
-            if "*" in wanted or not have:
-                continue
-            if not any(a in wanted for a in ([have] if isinstance(have, str) else have)):
+            if have and "*" not in wanted and not any(
+                    a in wanted for a in ([have] if isinstance(have, str) else have)):
                 return False
             continue
         actual = profile.get("spec_method" if key in _SPEC_KEYS else key)

@@ -147,14 +147,15 @@ class GenesisRepo:
             tag = next((t for t in self.tags.get(sha, ()) if _VERSION_TAG.fullmatch(t)), None)
             subject_release = _RELEASE.search(subject)
             release = tag or (subject_release.group("version") if subject_release else None)
-            tree = TreeReport.read(GitSource(self, sha), registry=False)
+            tree = TreeReport.from_json(genesis_inspect.inspect(GitSource(self, sha),
+                                                                registry=False))
             self._commits[sha] = GenesisCommit(sha, release, int(date or 0), tree)
         return self._commits[sha]
 
     def report(self, sha: str) -> TreeReport:
         """The full tree report of ``sha`` (registry included), as the hosts' gate reads it."""
         if sha not in self._reports:
-            self._reports[sha] = TreeReport.read(GitSource(self, sha))
+            self._reports[sha] = TreeReport.from_json(genesis_inspect.inspect(GitSource(self, sha)))
         return self._reports[sha]
 
     def reached_by(self, commit: str) -> list[str] | None:
