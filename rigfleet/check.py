@@ -192,8 +192,7 @@ class Online:
             if m.revision != UNRESOLVED:
                 self.add(self.memo(("model", m, settings.hf_endpoint, settings.hf_token_file),
                                    partial(self.model, settings, m)), name)
-        for stack in sorted(staged):
-            g = pins.stacks[stack].genesis
+        for g in (staged[stack].genesis for stack in sorted(staged)):
             if g is not None:
                 self.add(self.genesis(g, settings.bump_genesis_url), name)
         for os_key in oses:
@@ -325,8 +324,7 @@ class Online:
                     found.append(f"{pkg} {max(match, key=_version_order)}")
                 else:
                     has = ", ".join(sorted(set(index.versions(pkg)), key=_version_order)[-4:])
-                    has = has or "no version"
-                    lacking.append(f"{pkg} (it has {has})")
+                    lacking.append(f"{pkg} (it has {has or 'no version'})")
             if lacking:
                 out.append(Finding(thing, source, MISSING, f"no {want.rstrip('.')}"
                                    f"{'.*' if want.endswith('.') else ''} of {'; '.join(lacking)} "
