@@ -150,10 +150,10 @@ def detect_layout(present: set[str] | frozenset[str]) -> tuple[str | None, str |
     return None, f"it has none of {wanted}"
 
 
-def literal_assignments(module: ast.Module) -> dict[str, object]:
-    """Module-level ``NAME = <literal>`` and ``NAME: T = <literal>`` assignments."""
+def literal_assignments(scope: ast.Module | ast.ClassDef) -> dict[str, object]:
+    """``NAME = <literal>`` and ``NAME: T = <literal>`` assignments directly in ``scope``."""
     out: dict[str, object] = {}
-    for node in module.body:
+    for node in scope.body:
         targets: list[ast.expr] = []
         if isinstance(node, ast.Assign):
             targets, value = node.targets, node.value
@@ -248,10 +248,9 @@ def parse_registry(text: str, where: str, files: GenesisLayout) -> dict[str, Any
 
 def parse_flags(text: str, where: str, registry: dict[str, Any]) -> list[str]:
     """(v12) ``Flags`` names no patch owns (orchestration flags), legacy patch ids left out."""
-    names = {item.value.value for node in _parse(text, where).body
-             if isinstance(node, ast.ClassDef) and node.name == "Flags" for item in node.body
-             if isinstance(item, ast.Assign | ast.AnnAssign)
-             and isinstance(item.value, ast.Constant) and isinstance(item.value.value, str)}
+    names = {value for node in _parse(text, where).body
+             if isinstance(node, ast.ClassDef) and node.name == "Flags"
+             for value in literal_assignments(node).values() if isinstance(value, str)}
     legacy = {flag.split("_LEGACY_", 1)[1] for flag, _, _ in registry["patch_flags"].values()
               if isinstance(flag, str) and "_LEGACY_" in flag}
     return sorted(names - set(registry["switches"]) - legacy)
