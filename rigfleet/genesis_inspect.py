@@ -48,11 +48,11 @@ class GenesisLayout:
     registry_file: str
     version_file: str
     switch_prefixes: tuple[str, ...]
-    strips_prefix: bool
-    retired_skipped: bool
     mount: str
     mount_target: str
     apply_command: str
+    strips_prefix: bool = False
+    retired_skipped: bool = False
     flags_file: str | None = None
     prepare: tuple[str, ...] = ()
 
@@ -72,8 +72,6 @@ GENERATIONS: dict[str, GenesisLayout] = {
         registry_file="vllm/_genesis/dispatcher.py",
         version_file="vllm/_genesis/__version__.py",
         switch_prefixes=("GENESIS_ENABLE_",),
-        strips_prefix=False,
-        retired_skipped=False,
         mount="vllm/_genesis",
         mount_target=f"{SITE_PACKAGES_IN_CONTAINER}/vllm/_genesis",
         apply_command="python3 -m vllm._genesis.patches.apply_all",
