@@ -293,7 +293,6 @@ class Online:
 
     def apt(self, settings: HostSettings, pins: Pins, os_key: OsKey) -> list[Finding]:
         os_id, version, codename = os_key
-        policy = "sqv" if (os_id, version) == ("debian", "13") else "gpgv"
         out = []
         for name, pkgs, want, what in (  # repo, packages, the version prefix each must have
                 ("cuda", driver_packages(OsInfo(os_id, version, codename, ""), pins.driver_branch),
@@ -309,7 +308,7 @@ class Online:
                 # The deploy installs Ubuntu's own -server driver packages (its archive).
                 out.append(Finding(thing, "Ubuntu's archive", UNCHECKED, ", ".join(pkgs)))
                 continue
-            index = self.index(repo, policy)
+            index = self.index(repo, "sqv" if (os_id, version) == ("debian", "13") else "gpgv")
             if isinstance(index, AptIndexError):
                 status = UNREACHABLE if isinstance(index, AptUnreachable) else MISSING
                 out.append(Finding(thing, source, status, str(index)[:300]))
@@ -441,7 +440,6 @@ def render(inventory: str, problems: Sequence[str], findings: Sequence[Finding],
     # Rich shrinks columns of a table wider than the console, even to nothing.
     room = max(40, width - 11 - 4)
     thing_w, source_w = room * 2 // 5, room // 4
-    todo_w = room - thing_w - source_w
     for p in problems:
         where, _, rest = p.partition(": ")
         table.row(_cut(rest.partition(": ")[0], thing_w), Text("invalid", style="red"),
@@ -449,7 +447,7 @@ def render(inventory: str, problems: Sequence[str], findings: Sequence[Finding],
         table.note(where, rest)
     for f in findings:
         table.row(_cut(f.thing, thing_w), Text(f.status, style=style.get(f.status, "")),
-                  _cut(f.source, source_w), _cut(f.todo, todo_w))
+                  _cut(f.source, source_w), _cut(f.todo, room - thing_w - source_w))
         if f.status in (MISSING, UNREACHABLE, CHANGED):
             table.note(f.thing, f"{f.status} at {f.source}: {f.todo} (hosts: {', '.join(f.hosts)})")
     return table
