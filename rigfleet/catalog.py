@@ -456,8 +456,7 @@ def _gate_set(p: Problems, value: Any) -> list[str]:
 
 
 def _throughput(p: Problems, value: Any, spec_tokens: int) -> ThroughputSpec | None:
-    d = p.mapping("throughput", value, required=False)
-    if d is None:
+    if (d := p.mapping("throughput", value, required=False)) is None:
         return None
     ref = p.mapping("throughput.reference", d.get("reference"), required=False) or {}
     narrative, code = (p.number(f"throughput.reference.{shape}", ref.get(shape), 0.0,
@@ -521,8 +520,7 @@ def parse_genesis(p: Problems, value: Any) -> GenesisSpec | None:
             s = p.mapping(key, sets) or {}
             on = p.strings(f"{key}.on", s.get("on"), _SWITCH) or []
             off = p.strings(f"{key}.off", s.get("off"), _SWITCH) or []
-            both = sorted(set(on) & set(off))
-            if both:
+            if both := sorted(set(on) & set(off)):
                 p.bad(f"{key}.off", both, "each switch either on or off", "is also on")
             switches[str(gen)] = (tuple(on), tuple(off))
     params = env_vars(p, "genesis.params", d.get("params"), allowed("env"))

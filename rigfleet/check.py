@@ -277,8 +277,7 @@ class Online:
         repo = self.memo(("genesis", fetch_url), partial(_or_error, sync, GenesisError))
         if isinstance(repo, GenesisError):
             return Finding(thing, fetch_url, UNREACHABLE, str(repo)[:300])
-        refs = repo.reached_by(pin.commit)
-        if refs is None:
+        if (refs := repo.reached_by(pin.commit)) is None:
             return Finding(thing, fetch_url, MISSING, f"commit {pin.commit} is not in the "
                            "repository; pin one it has (`rigfleet bump --genesis REF`)")
         if not refs:

@@ -270,8 +270,7 @@ class Problems:
     def posix_path(self, key: str, value: Any, allowed: str = "an absolute, normalised directory",
                    required: bool = True) -> str | None:
         """An absolute, normalised POSIX path that is not a system directory."""
-        checked = self.string(key, value, None, allowed, required)
-        if checked is None:
+        if (checked := self.string(key, value, None, allowed, required)) is None:
             return None
         if not checked.startswith("/") or posixpath.normpath(checked) != checked:
             self.bad(key, value, allowed, "is not an absolute, normalised path")
