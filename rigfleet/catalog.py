@@ -85,8 +85,7 @@ class ImageRule:
     def problems(self, tag: str, version: str | None) -> list[str]:
         """Problems of ``tag`` reporting ``version`` (None: unknown), to follow ``image <ref>``."""
         out = []
-        kind = tag_kind(tag)
-        if kind not in self.kinds:
+        if (kind := tag_kind(tag)) not in self.kinds:
             what = f"a {kind} tag" if kind else "neither a release (vX.Y.Z) nor a nightly tag"
             out.append(f"is {what}; the stack runs {' or '.join(self.kinds)} tags")
         if version is not None and not self.allows_version(version):
@@ -302,8 +301,7 @@ def entrypoint_script(layout: GenesisLayout, runtime_packages: tuple[str, ...]) 
 def parse_stack(data: Any, where: str) -> StackSpec:
     """``where``: the file, its stem the stack's name; raises ``CatalogError`` listing all."""
     p = Problems(where, TABLE)
-    top = p.mapping("", data)
-    if top is None:  # missing or not a mapping: recorded
+    if (top := p.mapping("", data)) is None:  # missing or not a mapping: recorded
         raise CatalogError(p.lines)
     if top.get("schema") != SCHEMA:
         p.bad("schema", top.get("schema"), repr(SCHEMA), "is not a supported schema")
@@ -346,8 +344,7 @@ def parse_stack(data: Any, where: str) -> StackSpec:
         p.bad("entrypoint", entry, "no entrypoint key for a Genesis stack (the deploy builds "
               "the one the pinned Genesis needs)", "is set")
     elif genesis is None:
-        argv = p.strings("entrypoint", entry, required=True)
-        if argv == []:  # (None: a problem already said)
+        if (argv := p.strings("entrypoint", entry, required=True)) == []:  # None: already said
             p.bad("entrypoint", entry, "a non-empty argv such as [vllm, serve]", "is empty")
         entrypoint = argv or []
     image = _image_rule(p, top.get("image"))
@@ -506,8 +503,7 @@ def parse_genesis(p: Problems, value: Any) -> GenesisSpec | None:
     d = p.mapping("genesis", value) or {}
     needs = p.strings("genesis.needs", d.get("needs"), _PATCH_ID) or []
     switches: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
-    raw = d.get("switches")
-    if not isinstance(raw, dict) or not raw:
+    if not isinstance(raw := d.get("switches"), dict) or not raw:
         p.bad("genesis.switches", raw, f"{allowed('genesis.switches')} with generations "
               f"{', '.join(GENERATIONS)}")
     else:

@@ -233,8 +233,7 @@ class Online:
 
     def tag_moved(self, source: ImageSource, w: WantedImage, settings: HostSettings) -> str | None:
         """What the pinned tag names now, when another digest."""
-        url = check_url(source, w, settings)
-        if url == NO_CHECK:
+        if (url := check_url(source, w, settings)) == NO_CHECK:
             return None
         name, tag = w.image.rsplit(":", 1)
         try:
