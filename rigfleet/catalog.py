@@ -39,10 +39,7 @@ from rigfleet.vllm_versions import TAG_KINDS, tag_kind, version_key
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "stacks"
 
-MODEL_ROOT_IN_CONTAINER = "/root/.cache/huggingface"
 VLLM_PORT_IN_CONTAINER = 8000
-TORCH_COMPILE_CACHE_IN_CONTAINER = "/root/.cache/vllm/torch_compile_cache"
-TRITON_CACHE_IN_CONTAINER = "/root/.triton/cache"
 
 # Flags the stack file sets through its own keys (refused in ``vllm.args``).
 MANAGED_FLAGS = (
@@ -223,7 +220,7 @@ class StackSpec:
         return ("/bin/bash", "-c", entrypoint_script(layout, self.genesis.runtime_packages), "--")
 
     def model_path(self, local_dir: str) -> str:
-        return f"{MODEL_ROOT_IN_CONTAINER}/{local_dir}"
+        return f"/root/.cache/huggingface/{local_dir}"
 
     def command(self, local_dir: str) -> list[str]:
         """The ``vllm serve`` argument list (``local_dir``: the model pin's), all strings."""
@@ -251,8 +248,8 @@ class StackSpec:
     def cache_dirs(self) -> dict[str, str]:
         """Host cache directory -> container path, per stack (the deploy creates them)."""
         root = str(HOST.stack_cache_dir(self.name))
-        return {f"{root}/torch_compile": TORCH_COMPILE_CACHE_IN_CONTAINER,
-                f"{root}/triton": TRITON_CACHE_IN_CONTAINER}
+        return {f"{root}/torch_compile": "/root/.cache/vllm/torch_compile_cache",
+                f"{root}/triton": "/root/.triton/cache"}
 
 
 @dataclass(frozen=True)
