@@ -437,7 +437,6 @@ def decision_problems(spec: StackSpec, entries: Iterable[PatchEntry], vllm_versi
                        "reason: one line}")  # fmt: skip
             continue
         switched_on = [s for s in e.switches if s in on]
-        switched_off = [s for s in e.switches if s in off]
         names = ", ".join(f"GENESIS_ENABLE_{s}" for s in e.switches)
         where = f"genesis.switches.{generation}"
         if not e.switches and d.decision != "default":
@@ -449,7 +448,7 @@ def decision_problems(spec: StackSpec, entries: Iterable[PatchEntry], vllm_versi
         elif d.decision != "on" and switched_on:
             out.append(f"{key}: {d.decision!r}, but {where}.on sets "
                        f"{', '.join(switched_on)}; allowed: on, or remove it from {where}.on")
-        elif d.decision == "default" and switched_off:
+        elif d.decision == "default" and (switched_off := [s for s in e.switches if s in off]):
             out.append(f"{key}: 'default', but {where}.off sets {', '.join(switched_off)} to 0; "
                        f"allowed: off, or remove it from {where}.off")
     return out
