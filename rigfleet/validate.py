@@ -18,7 +18,7 @@ import fnmatch
 import math
 import posixpath
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -321,9 +321,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode,
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
-        try:
-            hash(key)
-        except TypeError:
+        if not isinstance(key, Hashable):
             continue  # SafeLoader reports unhashable keys itself
         if key in seen:
             raise yaml.constructor.ConstructorError(
