@@ -296,10 +296,9 @@ def is_int(value: Any) -> bool:
 def escapes(entry: Path, root: Path) -> bool:
     """True when ``entry`` (a file in ``root``), once symlinks are followed, lies outside it."""
     try:
-        entry.resolve(strict=True).relative_to(root.resolve(strict=True))
-    except (OSError, ValueError):
+        return not entry.resolve(strict=True).is_relative_to(root.resolve(strict=True))
+    except OSError:
         return True
-    return False
 
 
 def is_system_dir(path: str) -> bool:
