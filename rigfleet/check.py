@@ -357,9 +357,7 @@ def deploy_online(images: bool = False, reach: Sequence[str] = ()) -> Online:
 
 def verify_pins(hosts: Sequence[Any], pins: Pins, run: Online) -> tuple[list[str], list[str]]:
     """(refusals, warnings) of ``pins`` (about to be locked, or a bump's) for the GPU hosts."""
-    for h in hosts:
-        if not h.kind.gpu:
-            continue
+    for h in (gpu for gpu in hosts if gpu.kind.gpu):
         try:
             settings = validate_host(h.name, h.data)
         except ValidationError:
