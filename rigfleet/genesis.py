@@ -422,9 +422,7 @@ def decision_problems(spec: StackSpec, entries: Iterable[PatchEntry], vllm_versi
     profile = stack_profile(spec)
     on, off = g.switches.get(generation, ((), ()))
     out = []
-    for e in entries:
-        if not in_scope(e, profile, vllm_version):
-            continue
+    for e in (entry for entry in entries if in_scope(entry, profile, vllm_version)):
         key = f"{spec.source}: genesis.decisions.{e.pid}"
         r = e.applies_to.get(RANGE_KEY)
         shown = ("no vllm_version_range" if r is None else
