@@ -184,10 +184,9 @@ class Online:
         specs = staged_stacks(settings, pins)
         staged = {s.name: pins.stacks[s.name] for s in specs}
         if self.images:
-            for w in wanted_images(staged)[0]:
-                if w.digest != UNRESOLVED:
-                    key = ("image", w, settings.image_sources, settings.bump_registry)
-                    self.add(self.memo(key, partial(self.image, w, settings)), name)
+            for w in (w for w in wanted_images(staged)[0] if w.digest != UNRESOLVED):
+                key = ("image", w, settings.image_sources, settings.bump_registry)
+                self.add(self.memo(key, partial(self.image, w, settings)), name)
         for m in (pins.model_for(repo) for repo in sorted({s.model for s in specs}, key=str)):
             if m.revision != UNRESOLVED:
                 self.add(self.memo(("model", m, settings.hf_endpoint, settings.hf_token_file),

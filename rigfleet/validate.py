@@ -171,9 +171,8 @@ class Problems:
         if not isinstance(value, dict):
             self.bad(key, value, shape, "is not a mapping")
             return None
-        for k in value:
-            if k not in allowed:
-                self.unknown_key(f"{key}.{k}" if key else str(k), k, allowed)
+        for k in (k for k in value if k not in allowed):
+            self.unknown_key(f"{key}.{k}" if key else str(k), k, allowed)
         return value
 
     def named(self, key: str, value: Any) -> dict[Any, Any]:
