@@ -191,9 +191,8 @@ class Online:
             if m.revision != UNRESOLVED:
                 self.add(self.memo(("model", m, settings.hf_endpoint, settings.hf_token_file),
                                    partial(self.model, settings, m)), name)
-        for g in (staged[stack].genesis for stack in sorted(staged)):
-            if g is not None:
-                self.add(self.genesis(g, settings.bump_genesis_url), name)
+        for g in filter(None, (staged[stack].genesis for stack in sorted(staged))):
+            self.add(self.genesis(g, settings.bump_genesis_url), name)
         for os_key in oses:
             for f in self.apt(settings, pins, os_key):
                 self.add(f, name)
