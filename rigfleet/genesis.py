@@ -256,9 +256,8 @@ def needs_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str
     on = {t.patch for name, value in use.file_env.items() if truthy(value)
           for t in report.targets(name)}  # fmt: skip
     for need in use.needs:
-        pid = report.patch_id(need)
         head = f"stack {use.spec.name}: needs Genesis patch {need}"
-        if pid is None:
+        if (pid := report.patch_id(need)) is None:
             problems.append(f"{head}, which Genesis {label} does not have (not in "
                             f"{report.registry_file}); pin a Genesis commit that has it")
             continue
