@@ -138,13 +138,11 @@ def detect_layout(present: set[str] | frozenset[str]) -> tuple[str | None, str |
     wanted = ", ".join(f"{f.check_file} ({g})" for g, f in GENERATIONS.items())
     if len(found) > 1:
         return None, f"it has the marker files of several layouts ({wanted})"
-    if found == ["v12"]:
-        return "v12", None
+    if found and (found == ["v12"] or not unsupported):  # a v12 tree wins over vllm/sndr_core
+        return found[0], None
     if unsupported:
         return None, (f"it is {unsupported[0]}, a layout rigfleet does not mount; pin a v7.x "
                       "or v12.x commit")
-    if found:
-        return found[0], None
     return None, f"it has none of {wanted}"
 
 
