@@ -188,8 +188,7 @@ def parse_allowlist(text: str, where: str) -> tuple[list[str], list[str]]:
 
 def lifecycle(meta: Mapping[str, Any]) -> str:
     """A registry entry's lifecycle as Genesis derives it (docs/genesis.md)."""
-    explicit = meta.get("lifecycle")
-    if isinstance(explicit, str) and explicit:
+    if isinstance(explicit := meta.get("lifecycle"), str) and explicit:
         return explicit
     return "deprecated" if meta.get("deprecated") else DEFAULT_LIFECYCLE
 

@@ -59,8 +59,7 @@ class KeyTable:
     def section(self, key: str) -> str:
         """The table path of a key as a message names it: ``boot.expect[2]`` ->
         ``boot.expect[]``, ``genesis.switches.v7.on`` -> ``genesis.switches.<gen>.on``."""
-        path = re.sub(r"\[\d+\]", "[]", key)
-        if path in self.sections:
+        if (path := re.sub(r"\[\d+\]", "[]", key)) in self.sections:
             return path
         return next((p for pattern, p in self._named if pattern.fullmatch(path)), path)
 
