@@ -303,8 +303,7 @@ def parse_stack(data: Any, where: str) -> StackSpec:
     if top.get("schema") != SCHEMA:
         p.bad("schema", top.get("schema"), repr(SCHEMA), "is not a supported schema")
     name = p.string("name", top.get("name"), _NAME)
-    stem = Path(where).stem
-    if name is not None and stem not in (name, ""):
+    if name is not None and (stem := Path(where).stem) not in (name, ""):
         p.bad("name", name, repr(stem), "differs from the file's name")
     summary = p.string("summary", top.get("summary"))
     port = p.integer("port", top.get("port"), 1024, 65535)
@@ -379,8 +378,7 @@ def _image_rule(p: Problems, value: Any) -> ImageRule:
         kinds = list(ImageRule.kinds)
     versions = {}
     for key in ("min_version", "below_version"):
-        raw = d.get(key)
-        if isinstance(raw, float) and len(str(raw).partition(".")[2]) < 2:
+        if isinstance(raw := d.get(key), float) and len(str(raw).partition(".")[2]) < 2:
             # YAML read `0.20` (or `0.2`) as the number 0.2: which release was meant is lost
             p.bad(f"image.{key}", raw, allowed(f"image.{key}") + ", quoted",
                   "is an unquoted number (YAML reads 0.20 as 0.2)")

@@ -100,8 +100,7 @@ def offline(hosts: Sequence[Any]) -> Checked:
         path = str(resolve_pins_path(settings.pins_file if settings else str(raw)).absolute())
         if path not in pins_by_file:
             pins_by_file[path] = _pins(path, settings, h.data, out)
-        pins = pins_by_file[path]
-        if pins is None or settings is None:
+        if (pins := pins_by_file[path]) is None or settings is None:
             continue
         mine = pins.for_host(h.name)
         out.add(dict.fromkeys(_agree(settings, mine)))
@@ -214,8 +213,7 @@ class Online:
             if source.kind == "host-archive":
                 tried.append(f"{source.label}: on the host (checked by the deploy)")
                 continue
-            r = self.checker.check(i, source, w, settings, HostImageState())
-            if r.ok:
+            if (r := self.checker.check(i, source, w, settings, HostImageState())).ok:
                 if source.kind == "hub" and (moved := self.tag_moved(source, w, settings)):
                     return Finding(thing, source.label, CHANGED, moved)
                 return Finding(thing, source.label, FOUND, "" if not tried else

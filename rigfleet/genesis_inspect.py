@@ -180,8 +180,7 @@ def strings(value: object) -> list[str]:
 
 def parse_allowlist(text: str, where: str) -> tuple[list[str], list[str]]:
     """(``KNOWN_GOOD_VLLM_PINS``, ``PROMOTION_PENDING_VLLM_PINS``) of a guards file."""
-    values = literal_assignments(_parse(text, where))
-    if KNOWN_GOOD not in values:
+    if KNOWN_GOOD not in (values := literal_assignments(_parse(text, where))):
         raise InspectError(f"{where}: no literal {KNOWN_GOOD}")
     return strings(values[KNOWN_GOOD]), strings(values.get(PENDING))
 
@@ -209,8 +208,7 @@ def switch_names(meta: Mapping[str, Any], files: GenesisLayout) -> list[tuple[st
 
 def registry_literal(text: str, where: str) -> dict[str, dict[str, Any]]:
     """The ``PATCH_REGISTRY`` literal of a registry file: patch id -> its entry, as written."""
-    registry = literal_assignments(_parse(text, where)).get(REGISTRY)
-    if not isinstance(registry, dict):
+    if not isinstance(registry := literal_assignments(_parse(text, where)).get(REGISTRY), dict):
         raise InspectError(f"{where}: no literal {REGISTRY} dict")
     for pid, meta in registry.items():
         if not isinstance(pid, str) or not isinstance(meta, dict):
@@ -313,8 +311,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[1].startswith("-"):
         print("usage: rigfleet-genesis-inspect.py <genesis tree or checkout>", file=sys.stderr)
         return 2
-    root = Path(argv[1])
-    if not root.is_dir():
+    if not (root := Path(argv[1])).is_dir():
         print(f"{root}: not a directory", file=sys.stderr)
         return 1
     report = inspect(DirSource(root))

@@ -318,8 +318,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode,
     loader.flatten_mapping(node)
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if not isinstance(key, Hashable):
+        if not isinstance(key := loader.construct_object(key_node, deep=deep), Hashable):
             continue  # SafeLoader reports unhashable keys itself
         if key in seen:
             raise yaml.constructor.ConstructorError(
