@@ -96,7 +96,7 @@ def fail(message: str):
 
 
 @operation(is_idempotent=False)
-def on_change(commands: Sequence[str], gates: Sequence[OperationMeta] = (),
+def on_change(commands: Sequence[Any], gates: Sequence[OperationMeta] = (),
               reason: str = "nothing it depends on changed", force: bool = False,
               window: Callable[[], Iterable[Any]] = tuple):
     """Run ``commands`` when ``force`` or any of ``gates`` changed, after what ``window()`` yields

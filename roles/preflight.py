@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, deploy, operation
+from pyinfra.api import FunctionCommand, deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback, State
 
@@ -52,7 +52,7 @@ from rigfleet.oporder import fast_operation_order
 from rigfleet.packages import OsInfo
 from rigfleet.resources import deployed_by
 from rigfleet.scrape import METRICS_UNIT, NODE_EXPORTER
-from roles.ops import Secret
+from roles.ops import Secret, on_change
 
 # The units the roles check (systemd.service, unit_started), read in one round trip.
 GPU_HOST_UNITS = ("chrony.service", "docker.service", "nvidia-persistenced.service",
@@ -272,12 +272,6 @@ def failing_command(message: str) -> FunctionCommand:
     return FunctionCommand(_fail, (), {})
 
 
-@operation(is_idempotent=False)
-def refused(reason: str):
-    """Fail this host with its preflight's ``reason`` (never a secret)."""
-    yield failing_command(reason)
-
-
 class _Summary(BaseStateCallback):
     """Logs the refused hosts after the last operation (or once only refused hosts are left)."""
 
@@ -323,7 +317,8 @@ def refuse(reason: str) -> None:
     _REFUSED[state][host.name] = reason
     for line in reason.splitlines():
         host.log_styled(line, fg="red", log_func=logger.error)
-    refused(name="Refused (the reason is above; nothing runs on this host)", reason=reason)
+    on_change(name="Refused (the reason is above; nothing runs on this host)",
+              commands=[failing_command(reason)], force=True)
     state.failed_hosts.add(host)
 
 
@@ -419,14 +414,13 @@ def _check_host(name: str) -> HostContext:
                  f"install and reboot): {'; '.join(facts.waiting)}")
     for note in facts.notes:
         host.log(note)
-    api_key = read_secret(name, "api_key_file", settings.api_key_file)
-    hf_token = (read_secret(name, "hf_token_file", settings.hf_token_file)
-                if settings.hf_token_file else None)
-    tls_key = (read_secret(name, "front_tls_key_file", settings.front_tls.key_file, token=False)
-               if settings.front_tls else None)
-    return HostContext(want=want, os=os_info, api_key=api_key, hf_token=hf_token,
-                       by=deployed_by(), platform=platform, driver_adopted=facts.adopt,
-                       tls_key=tls_key)
+    return HostContext(
+        want=want, os=os_info, api_key=read_secret(name, "api_key_file", settings.api_key_file),
+        hf_token=(read_secret(name, "hf_token_file", settings.hf_token_file)
+                  if settings.hf_token_file else None),
+        tls_key=(read_secret(name, "front_tls_key_file", settings.front_tls.key_file, token=False)
+                 if settings.front_tls else None),
+        by=deployed_by(), platform=platform, driver_adopted=facts.adopt)
 
 
 def fleet_key(name: str, path: str, gpu: list[GpuHost]) -> Secret:
