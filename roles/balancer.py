@@ -1,6 +1,4 @@
-"""The balancer: HAProxy in front of the GPU hosts' fronts, one backend per stack; the config is
-checked with ``haproxy -c`` before it replaces the old one (docs/balancer.md).
-"""
+"""HAProxy in front of the GPU hosts' fronts, one backend per stack (docs/balancer.md)."""
 
 from __future__ import annotations
 

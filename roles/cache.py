@@ -1,6 +1,4 @@
-"""The fleet cache: Docker's registry as a pull-through proxy, seeded once per pinned image, and
-verified model revisions served by nginx (docs/images.md).
-"""
+"""The fleet cache: a pull-through Docker registry, nginx serving model files (docs/images.md)."""
 
 from __future__ import annotations
 

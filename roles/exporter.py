@@ -1,6 +1,4 @@
-"""A GPU host's exporters: the node exporter on loopback and ``rigfleet-metrics.timer`` for the
-GPU and facts textfiles (docs/monitoring.md).
-"""
+"""A GPU host's node exporter (loopback) and ``rigfleet-metrics.timer`` (docs/monitoring.md)."""
 
 from __future__ import annotations
 

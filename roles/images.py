@@ -1,6 +1,4 @@
-"""Images: every staged stack's vLLM image under its pinned name, verified, as
-``rigfleet.images.plan`` says; a Genesis stack's derived image built (docs/images.md).
-"""
+"""Staged stacks' images pinned and verified, Genesis runtime images built (docs/images.md)."""
 
 from __future__ import annotations
 

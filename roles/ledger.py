@@ -1,6 +1,4 @@
-"""The ledger: what changes without a swap (driver, toolkit, pins serial) recorded by the host
-tool in ``state.json`` and ``ledger.jsonl`` (docs/swap.md, "Ledger and state").
-"""
+"""What changes without a swap, recorded in ``state.json`` and the ledger (docs/swap.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The monitor: Prometheus and Alertmanager, loopback only, bound before they first start; the
-scrape config from the inventory, checked by promtool (docs/monitoring.md).
-"""
+"""Prometheus and Alertmanager on loopback, scraping the inventory's hosts (docs/monitoring.md)."""
 
 from __future__ import annotations
 
