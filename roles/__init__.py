@@ -1,8 +1,5 @@
-"""rigfleet's pyinfra roles, one module per concern, and ``converge`` that runs them.
-
-A GPU host gets ``preflight`` then ``ROLES`` in order, each relying on the ones before it; a
-service host (``rigfleet.inventory.host_kind``, docs/monitoring.md) its kind's preflight and
-roles, a cache's before any other kind's (docs/images.md).
+"""rigfleet's pyinfra roles and ``converge``: a GPU host gets ``preflight`` then ``ROLES`` in order,
+a service host (``rigfleet.inventory.host_kind``) its kind's, a cache's first (docs/images.md).
 Example (``deploy.py``): ``from roles import converge; converge()``.
 """
 
