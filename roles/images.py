@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -29,13 +29,10 @@ from rigfleet.images.plan import (
 from rigfleet.images.transfer import ImageError, stream_archive
 from rigfleet.inventory import InventoryHost
 from rigfleet.runtime_image import BASE_LABEL, PACKAGES_LABEL, RuntimeImage
-from rigfleet.ssh import HostUnreachable, Remote, SshRemote
+from rigfleet.ssh import HostUnreachable
+from roles import peers
 from roles.ops import DeployError, WarnedCommand, check
-from roles.peers import Peer, peer_for, start_seed
 from roles.preflight import HostContext
-
-# The SSH layer a control-side archive is streamed over (tests put a fake here).
-REMOTE: Callable[[], Remote] = SshRemote
 
 
 def _stream(state: Any, host: Any, path: str, command: str) -> None:
@@ -49,32 +46,32 @@ def _stream(state: Any, host: Any, path: str, command: str) -> None:
             logger.info(f"[{host.name}] {path}: {done[0] / (1 << 30):.0f} GiB streamed")
 
     try:
-        stream_archive(REMOTE(), InventoryHost.of(host), path, command, meter)
+        stream_archive(peers.REMOTE(), InventoryHost.of(host), path, command, meter)
     except (ImageError, HostUnreachable, OSError) as e:
         raise DeployError(f"{host.name}: {e}") from None
 
 
 @operation()
 def image_from_peer(image: str, digest: str, image_id: str, steps: Sequence[Step],
-                    peer: Peer | None):
+                    peer: peers.Peer | None):
     """With no fleet cache: load the image from the seed (``roles.peers``) once it has it,
     checked by id and recorded as ``digest``'s; else the plan's own pull, with a warning."""
     if peer is None:
         return
-    yield FunctionCommand(start_seed, (peer,), {})
+    yield FunctionCommand(peers.start_seed, (peer,), {})
     fallback = " && ".join(s.command for s in steps if isinstance(s, Shell))
     yield WarnedCommand(WARNING_MARK, peer_image_command(
         peer.url, image_id, image, str(HOST.loaded_image(digest)), fallback, WARNING_MARK))
 
 
-def peer_image(p: ImagePlan) -> tuple[WantedImage, Peer | None]:
+def peer_image(p: ImagePlan) -> tuple[WantedImage, peers.Peer | None]:
     """The image as a peer's load is checked (by id), and the seed (for a pull only)."""
     image_id = p.want.image_id or (p.source.image_id if p.source else None)
     want = replace(p.want, image_id=image_id)
     if p.action != "fetch" or not image_id or not all(isinstance(s, Shell) for s in p.steps):
         return want, None
-    return want, peer_for(lambda d: any((s.pins.image, s.pins.digest) == (want.image, want.digest)
-                                        for s in d.stacks.values()))
+    return want, peers.peer_for(lambda d: any(
+        (s.pins.image, s.pins.digest) == (want.image, want.digest) for s in d.stacks.values()))
 
 
 @operation()

@@ -21,6 +21,7 @@ from rigfleet.registry import split_image
 from rigfleet.resources import project_file
 from rigfleet.ssh import HostUnreachable, Remote, SshRemote
 
+# The SSH layer a seed's server is started and an image archive streamed over (tests: a fake).
 REMOTE: Callable[[], Remote] = SshRemote
 
 

@@ -14,7 +14,7 @@ from images_fakes import FakeHub, docker_save_tar, image_id_of, pins_text
 from test_roles_fake import _fast, deploy  # noqa: F401  (the harness; _fast is autouse)
 
 import rigfleet.images.deploy
-import roles.images
+import roles.peers
 from rigfleet.images.archive import archive_name
 from rigfleet.images.checks import SourceChecker
 from rigfleet.inventory import InventoryHost
@@ -100,7 +100,7 @@ def test_offline_host_gets_the_image_streamed_from_a_control_side_archive(setup,
     # Docker Hub does not have it (a purged nightly's fate); the archive does.
     rig = setup["rig"]
     remote = StreamRemote(rig)
-    monkeypatch.setattr(roles.images, "REMOTE", lambda: remote)
+    monkeypatch.setattr(roles.peers, "REMOTE", lambda: remote)
     data = {**setup["data"], "image_sources": [{"kind": "hub"},
                                                {"kind": "archive", "path": str(setup["archive"])}]}
     first = deploy(rig, data, fn=stage)
@@ -176,7 +176,7 @@ def test_a_host_whose_load_fails_verification_fails(setup, monkeypatch) -> None:
             rig.engine.add(image_id_of("other"), tags={IMAGE})  # the load "brings" another
             return 0, "Loaded image: vllm/vllm-openai:v0.27.1"
 
-    monkeypatch.setattr(roles.images, "REMOTE", lambda: WrongRemote(rig))
+    monkeypatch.setattr(roles.peers, "REMOTE", lambda: WrongRemote(rig))
     data = {**setup["data"], "image_sources": [{"kind": "archive", "path": str(setup["archive"])}]}
     # The tag by the pinned id fails (that id never arrived): the host fails, not the run.
     run = deploy(rig, data, fn=stage)
