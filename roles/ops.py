@@ -9,6 +9,7 @@ import hashlib
 import io
 import shlex
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -33,13 +34,11 @@ class DeployError(OperationError):
     """A check failed on a host; the message names the host and what is wrong."""
 
 
+@dataclass(frozen=True, slots=True)
 class Secret:
     """Text that must never be shown (pyinfra prints operation arguments): ``repr`` masks it."""
 
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
+    _value: str
 
     def reveal(self) -> str:
         return self._value
