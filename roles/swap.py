@@ -171,7 +171,7 @@ def swap(ctx: HostContext) -> None:
         follow_timeout_s=ctx.want.settings.swap.follow_timeout_s
         + max([plan.drain_timeout_s, *plan.drain_timeouts.values()]))
     if serve.will_change:  # what only the replaced stack mounted goes once it is replaced
-        weights.prune_released(ctx)
+        weights.prune(ctx, released=True)
     # Active from now on, so its stop command runs at shutdown (``ensure`` changes nothing).
     unit_started(name=f"{hosttool.STACK_UNIT} active", unit=hosttool.STACK_UNIT)
     # After the swap (which held the host lock); restarting the supervisor never touches the stack.

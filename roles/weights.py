@@ -105,16 +105,13 @@ def prune_weights(model_dir: str, pinned: tuple[tuple[str, str], ...],
     yield weights_commands.remove([f"{model_dir.rstrip('/')}/{n}" for n in names])
 
 
-def prune_released(ctx: HostContext) -> None:
-    """``prune_weights`` after the host's swap, for what only the replaced stack mounted."""
+def prune(ctx: HostContext, released: bool = False) -> None:
+    """``prune_weights`` of this host (``released``: after its swap, see there)."""
     model_dir = ctx.want.settings.model_dir
-    prune_weights(name=f"Prune weights only the replaced stack mounted ({model_dir})",
-                  model_dir=model_dir, compose_files=compose_files(ctx), pinned=_pinned(ctx.want),
-                  released=True)
-
-
-def _pinned(want: DesiredHost) -> tuple[tuple[str, str], ...]:
-    return tuple((m.local_dir, m.revision) for m in want.models)
+    prune_weights(name=f"Prune weights only the replaced stack mounted ({model_dir})" if released
+                  else f"Prune weights no pin and no compose file names ({model_dir})",
+                  model_dir=model_dir, compose_files=compose_files(ctx), released=released,
+                  pinned=tuple((m.local_dir, m.revision) for m in ctx.want.models))
 
 
 def compose_files(ctx: HostContext) -> tuple[str, ...]:
@@ -160,8 +157,7 @@ def weights(ctx: HostContext) -> None:
             name=f"Adopt {model_dir}/{model.local_dir} as its revision's directory (no download)",
             model_dir=model_dir, local_dir=model.local_dir, compose_files=compose_files(ctx))
     # Before any fetch, so what goes frees its space for the download.
-    prune_weights(name=f"Prune weights no pin and no compose file names ({model_dir})",
-                  model_dir=model_dir, compose_files=compose_files(ctx), pinned=_pinned(ctx.want))
+    prune(ctx)
     peers = {}
     for model in ctx.want.models:
         held = read_fact(WeightsManifest, local_dir=ctx.want.weights_path(model)).holds(
