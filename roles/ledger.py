@@ -26,12 +26,11 @@ def record(state: dict[str, Any], desired: StackRef, by: str, deploy_id: str):
     if all(current.get(k) == v for k, v in state.items()):
         host.noop(f"state.json already records {state['stack']} at serial {state['pins_serial']}")
         return
-    if not executing():
-        # --dry tells the truth: a swap (or adoption) about to run records these keys itself.
-        decision = decide(read_fact(SwapProbe), desired)
-        if decision.kind in ("activate", "swap", "update", "adopt"):
-            host.noop(f"the swap records {state['stack']} ({decision.kind})")
-            return
+    # --dry tells the truth: a swap (or adoption) about to run records these keys itself.
+    if not executing() and (kind := decide(read_fact(SwapProbe), desired).kind) in (
+            "activate", "swap", "update", "adopt"):
+        host.noop(f"the swap records {state['stack']} ({kind})")
+        return
     yield hosttool.record(state, desired.config_hash, by, deploy_id, host.name)
 
 
