@@ -120,10 +120,8 @@ def cache(ctx: CacheContext) -> None:
         fetch_weights(name=f"Fetch and verify {model.repo}@{model.revision[:12]} into the cache",
                       repo=model.repo, revision=model.revision, local_dir=dest,
                       token_file=token_file, endpoint=s.hf_endpoint)
-    gates = []
-    if not ctx.gpu_host:  # a GPU host's front owns nginx's sites
-        gates.append(site_disabled(name=f"Disable nginx's default site {DEFAULT_SITE}",
-                                   path=DEFAULT_SITE))
+    gates = [] if ctx.gpu_host else [  # a GPU host's front owns nginx's sites
+        site_disabled(name=f"Disable nginx's default site {DEFAULT_SITE}", path=DEFAULT_SITE)]
     site = root_put(name=f"Model cache site {NGINX_SITE} (port {s.model_port})",
                     src=io.StringIO(render_nginx_site(s)), dest=NGINX_SITE)
     enabled_running(name="nginx enabled and running", service="nginx")
