@@ -168,9 +168,8 @@ def _decide_all(state: State) -> None:
     # the inventory as the person typed it (pyinfra's first argument)
     typed = len(sys.argv) > 1 and os.path.basename(sys.argv[0]).startswith("pyinfra")
     inventory = sys.argv[1] if typed else "<inventory>"
-    for name in admit([n for n in order if n not in failed], limit, admitted):
-        b.decided[name] = None
-        admitted.append(name)
+    admitted += admit([n for n in order if n not in failed], limit, admitted)
+    b.decided.update(dict.fromkeys(admitted))
     for name in [n for n in order if n not in b.decided]:
         others = ", ".join(admitted) or "other hosts"
         b.decided[name] = (
