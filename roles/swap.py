@@ -1,6 +1,4 @@
-"""Swap: the host-side tool and its units, then what ``rigfleet.swapplan.decide`` says, followed;
-a swap that did not promote fails the host with its reason (docs/swap.md).
-"""
+"""The host-side tool and its units, then what ``rigfleet.swapplan.decide`` says (docs/swap.md)."""
 
 from __future__ import annotations
 

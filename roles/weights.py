@@ -1,6 +1,4 @@
-"""Model weights: the fetcher, and each staged model's revision in its own directory, verified;
-older layouts adopted, the rest pruned (docs/converge.md, "Weights per revision").
-"""
+"""Each staged model's revision in its own directory, fetched and verified (docs/converge.md)."""
 
 from __future__ import annotations
 
