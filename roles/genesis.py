@@ -1,6 +1,4 @@
-"""Genesis: the pinned patch repository checked out, the pinned commit's tree exported (what the
-stack mounts), and each Genesis stack's compatibility gate (docs/genesis.md, "On the host").
-"""
+"""The pinned Genesis checkout, its tree exported, each Genesis stack's gate (docs/genesis.md)."""
 
 from __future__ import annotations
 

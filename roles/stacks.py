@@ -1,6 +1,4 @@
-"""Serving stacks, staged (nothing started: the swap does): the secrets they read and every
-staged stack's compose project, written once the pinned image's vLLM accepted its arguments.
-"""
+"""Serving stacks staged, not started: their secrets, and compose files vLLM's parser accepted."""
 
 from __future__ import annotations
 
