@@ -82,8 +82,7 @@ def genesis_export(commit: str, layout: str, compose_files: tuple[str, ...]):
     if not exported:
         yield export_command(CHECKOUT, commit, genesis_inspect.GENERATIONS[layout].check_file)
     mtimes = {c: mtime for c, (mtime, _) in state.trees.items()}
-    old = stale(mtimes, commit, state.referenced, TREES_KEPT)
-    if old:
+    if old := stale(mtimes, commit, state.referenced, TREES_KEPT):
         yield "rm -rf " + " ".join(shlex.quote(f"{TREES_DIR}/{c}") for c in old)
     if exported and not old:
         host.noop(f"{TREES_DIR}/{commit[:12]} exported")
@@ -139,9 +138,8 @@ def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, pin
         why = " ".join((err or out)[-3:]) or "no output"
         yield from fail(f"{host.name}: stack {stack}: cannot inspect Genesis tree {tree}: {why}")
         return
-    problems = pairing_problems(report, pin, stack=stack, vllm_version=version, use=use,
-                                image_ref=image_ref, where=tree)  # fmt: skip
-    if problems:
+    if problems := pairing_problems(report, pin, stack=stack, vllm_version=version, use=use,
+                                    image_ref=image_ref, where=tree):
         yield from fail("\n".join(f"{host.name}: {p}" for p in problems))
         return
     if cached is None:

@@ -192,8 +192,7 @@ def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (), otherwise: Se
     b.steps.setdefault(name, [what])  # a step the prepare phase did not foresee: count it now
     if name not in b.decided:
         _decide_all(host.state)
-    why = b.decided.get(name)
-    if why is not None:
+    if (why := b.decided.get(name)) is not None:
         yield hosttool.report_failure(why)  # fails this host, the message on its stderr
         return
     plan = b.plans[name]

@@ -50,8 +50,7 @@ def apply_power_caps(caps: Sequence[int], gates: Sequence[OperationMeta]):
     if not executing():
         return
     after = read_fact(GpuQuery, fresh=True)  # this operation just restarted the unit
-    still = caps_mismatch(caps, after.gpus) if after.loaded else ["nvidia-smi fails"]
-    if still:
+    if still := (caps_mismatch(caps, after.gpus) if after.loaded else ["nvidia-smi fails"]):
         yield from fail(f"{host.name}: power caps did not take effect: {'; '.join(still)}")
 
 
