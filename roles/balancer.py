@@ -31,8 +31,7 @@ def balancer(ctx: BalancerContext) -> None:
                                  dest=paths.pem,
                                  content=Secret(cert.rstrip("\n") + "\n"
                                                 + ctx.tls_key.reveal())))
-    tls_servers = [s for p in ctx.plan.pools for s in p.servers if s.ca_file]
-    if tls_servers:
+    if tls_servers := [s for p in ctx.plan.pools for s in p.servers if s.ca_file]:
         root_dir(name=f"Directory {paths.ca_dir} (the TLS fronts' CAs)", path=paths.ca_dir)
         for server in host.loop(tls_servers):
             assert server.ca_file is not None

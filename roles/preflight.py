@@ -426,9 +426,8 @@ def _check_host(name: str) -> HostContext:
 def fleet_key(name: str, path: str, gpu: list[GpuHost]) -> Secret:
     """The host's ``api_key_file``: every front must take the key the balancer passes on."""
     key = read_secret(name, "api_key_file", path)
-    differ = [g.name for g in gpu
-              if read_secret(g.name, "api_key_file", g.settings.api_key_file) != key]
-    if differ:
+    if differ := [g.name for g in gpu
+                  if read_secret(g.name, "api_key_file", g.settings.api_key_file) != key]:
         raise PreflightError(
             f"{name}: api_key_file: the key it holds (not shown) is not the key of "
             f"{', '.join(differ)}; allowed: the same key for the balancer and every GPU host "
