@@ -59,8 +59,7 @@ def outcome_message(name: str, result: dict[str, Any], reports: list[Path]) -> s
     tail = failure_tail(result, reports, str(stack))
     if (result.get("drain") or {}).get("cut"):
         tail += f" {drain_note(result).lstrip('; ')}."
-    what = result.get("result")
-    if what == "rolled-back":
+    if (what := result.get("result")) == "rolled-back":
         return (f"{name}: swap to {stack} rolled back ({result.get('phase')} failed): "
                 f"{reason}. {result.get('serving')} serves again.{tail}")
     if what == "refused":

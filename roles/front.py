@@ -1,6 +1,4 @@
-"""The front: nginx on ``front_port``, requiring the API key, in front of the route file the
-host-side tool owns (``rigfleet/hostside/front.py``; docs/converge.md, docs/monitoring.md).
-"""
+"""nginx on ``front_port``, key required, in front of the host tool's route file (docs/converge.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Custom operations shared by the roles: each yields commands only when something would
-change, so ``--dry`` on a converged host lists nothing (docs/operations.md, "Custom operations").
-"""
+"""The roles' own operations: commands only when something would change (docs/operations.md)."""
 
 from __future__ import annotations
 
