@@ -1,4 +1,4 @@
-"""nginx on ``front_port``, key required, in front of the host tool's route file (docs/converge.md)."""
+"""nginx on ``front_port``: API key required, routes as the host tool says (docs/converge.md)."""
 
 from __future__ import annotations
 
