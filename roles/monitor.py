@@ -40,6 +40,7 @@ from roles.preflight import PreflightError, check_service_os, fleet_key, preflig
 RULES_SOURCE = "files/monitor/rules.yml"
 ALERTMANAGER_CONFIG = f"{PROM_DIR}/alertmanager.yml"
 DESIRED_FILE = f"{TEXTFILE_DIR}/rigfleet-desired.prom"
+MANAGED = "# Managed by rigfleet (roles/monitor.py): {}; docs/monitoring.md.\n{}\n"
 # A route to a receiver without integrations: alerts are kept and shown (API, UI); where they
 # go (mail, chat) is the operator's to add (docs/monitoring.md).
 ALERTMANAGER_YML = ("# Managed by rigfleet (roles/monitor.py): a converge replaces it. Your own\n"
@@ -89,18 +90,14 @@ def _check_monitor(name: str, gpu_host: bool) -> MonitorContext:
 preflight_monitor = preflight_of("Preflight (monitor)", _check_monitor)
 
 
-def _defaults(text: str, what: str) -> str:
-    return f"# Managed by rigfleet (roles/monitor.py): {what}; docs/monitoring.md.\n{text}\n"
-
-
 @deploy("Monitor (Prometheus, Alertmanager)")
 def monitor(ctx: MonitorContext) -> None:
     plan = ctx.plan
     before = "written before the package starts it"
-    defaults = [("prometheus", _defaults(prometheus_args(plan), "loopback only, retention"),
+    defaults = [("prometheus", MANAGED.format("loopback only, retention", prometheus_args(plan)),
                  before),
                 ("prometheus-alertmanager",
-                 _defaults(alertmanager_args(), "loopback only, no cluster"), before)]
+                 MANAGED.format("loopback only, no cluster", alertmanager_args()), before)]
     if not ctx.gpu_host:  # a GPU host's own exporter role did this
         defaults.append((NODE_PACKAGE, node_defaults(), "loopback only; before the package"))
     args = {package: root_put(name=f"/etc/default/{package} ({note})", src=io.StringIO(text),
