@@ -15,8 +15,6 @@ from rigfleet.swapplan import DEPLOY_ID, decide
 from roles.ops import executing, root_dir
 from roles.preflight import HostContext
 
-STATE_DIR = str(HOST.state_dir)
-
 
 @operation()
 def record(state: dict[str, Any], desired: StackRef, by: str, deploy_id: str):
@@ -36,7 +34,7 @@ def record(state: dict[str, Any], desired: StackRef, by: str, deploy_id: str):
 
 @deploy("Ledger")
 def ledger(ctx: HostContext) -> None:
-    root_dir(name=f"Directory {STATE_DIR}", path=STATE_DIR)
+    root_dir(name=f"Directory {HOST.state_dir}", path=str(HOST.state_dir))
     record(name=f"Record {ctx.want.stack} in state.json and the ledger",
            state=dict(ctx.want.current.tracked), desired=ctx.want.current.ref, by=ctx.by,
            deploy_id=DEPLOY_ID)

@@ -22,12 +22,11 @@ from roles.preflight import HostContext
 @deploy("Serving stacks")
 def stacks(ctx: HostContext) -> None:
     key = ctx.api_key.reveal()
-    secrets_dir = str(HOST.secrets_dir)
     read_paths([str(HOST.vllm_env_file), str(HOST.auth_header_file), str(HOST.api_key_file),
                 *(p for name, staged in sorted(ctx.want.stacks.items())
                   for p in (str(HOST.stack_dir(name)), *staged.spec.cache_dirs,
                             staged.compose_file))])
-    root_dir(name=f"Directory {secrets_dir}", path=secrets_dir, mode="0700")
+    root_dir(name=f"Directory {HOST.secrets_dir}", path=str(HOST.secrets_dir), mode="0700")
     secret_file(name="vLLM API key env file (root-only)", dest=str(HOST.vllm_env_file),
                 content=Secret(f"VLLM_API_KEY={key}\n"))
     secret_file(name="Readiness probe auth header (root-only)", dest=str(HOST.auth_header_file),
