@@ -54,8 +54,7 @@ def _stream(state: Any, host: Any, path: str, command: str) -> None:
 @operation()
 def image_from_peer(image: str, digest: str, image_id: str, steps: Sequence[Step],
                     peer: peers.Peer | None):
-    """With no fleet cache: load the image from the seed (``roles.peers``) once it has it,
-    checked by id and recorded as ``digest``'s; else the plan's own pull, with a warning."""
+    """No fleet cache: the image from the seed once it has it (checked by id), else the pull."""
     if peer is None:
         return
     yield FunctionCommand(peers.start_seed, (peer,), {})

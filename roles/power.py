@@ -1,6 +1,4 @@
-"""GPU persistence and power caps: ``nvidia-persistenced`` on, a oneshot unit that sets each
-card's cap at boot, restarted (applying them) only when it changed or the caps read back differ.
-"""
+"""``nvidia-persistenced`` on; a oneshot unit sets the power caps at boot, and when they differ."""
 
 from __future__ import annotations
 
