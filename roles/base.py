@@ -13,7 +13,6 @@ from roles.ops import apt_packages, enabled_running, on_change, root_put
 # curl + gnupg fetch and dearmor repository keys; git clones Genesis; python3-venv holds
 # huggingface_hub; jq is for people debugging daemon.json and the ledger.
 BASE_PACKAGES = tuple("ca-certificates curl gnupg git python3 python3-venv jq chrony".split())
-SITE_CA_DIR = "/usr/local/share/ca-certificates"
 
 
 @deploy("Base")
@@ -24,7 +23,7 @@ def base(ctx: Any) -> None:  # any host's context: its settings have site_ca_fil
     if not ca_files:
         return
     certs = [root_put(name=f"Site CA certificate {i}", src=src,
-                       dest=f"{SITE_CA_DIR}/rigfleet-site-{i}.crt")
+                       dest=f"/usr/local/share/ca-certificates/rigfleet-site-{i}.crt")
              for i, src in host.loop(enumerate(ca_files))]
     on_change(name="Refresh the trusted CA bundle", commands=["update-ca-certificates"],
               gates=certs)
