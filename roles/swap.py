@@ -87,8 +87,7 @@ def serve_desired(plan: Plan, follow_timeout_s: float, reports: str,
     if decision.kind == "none":
         host.noop(decision.reason)
         return
-    holder = live_holder(probe.get("lock"))
-    if holder is not None and executing():
+    if executing() and (holder := live_holder(probe.get("lock"))) is not None:
         yield from fail(f"{host.name}: {describe(holder)}; refusing to change this host now")
         return
     plan = replace(plan, why=f"{decision.kind} {decision.change or decision.reason}")
