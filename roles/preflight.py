@@ -360,9 +360,9 @@ def _own_unit(holder: Any) -> dict[str, Any] | None:
     return live if live and not live.get("window") and live.get("who") in units else None
 
 
-def _lock_holder(name: str) -> Any:
-    """The host lock's holder; the host's own units (the stack unit's ``ensure`` just after a
-    first converge, the supervisor) are waited for up to ``OWN_UNITS_WAIT_S`` first."""
+def _check_lock(name: str) -> None:
+    """Refuse a host whose lock is held; the host's own units (the stack unit's ``ensure`` just
+    after a first converge, the supervisor) are waited for up to ``OWN_UNITS_WAIT_S`` first."""
     holder = read_fact(SwapProbe).get("lock")
     if (own := _own_unit(holder)) is not None:
         host.log(f"{name}: {describe(own)}; waiting for it (at most {OWN_UNITS_WAIT_S:g} s)")
@@ -370,20 +370,19 @@ def _lock_holder(name: str) -> Any:
     while _own_unit(holder) and time.monotonic() < deadline:
         time.sleep(OWN_UNITS_WAIT_S / 30)
         holder = read_fact(SwapProbe, fresh=True).get("lock")
-    return holder
-
-
-def _check_host(name: str) -> HostContext:
-    want = load_desired(name, host.data)
-    os_info = read_os(name, read_fact(OsRelease))
-    holder = _lock_holder(name)
-    if isinstance(holder, dict) and holder.get("alive"):
-        raise PreflightError(f"{name}: {describe(holder)}. Another deploy (or the host's "
+    if live := live_holder(holder):
+        raise PreflightError(f"{name}: {describe(live)}. Another deploy (or the host's "
                              "boot-time recreation) is changing this host; wait for it to "
                              f"finish. Progress on the host: {hosttool.tool('status')}")
     if isinstance(holder, dict):
         host.log(f"{name}: stale host lock ({describe(holder)}; holder gone): it will be taken "
                  "over")
+
+
+def _check_host(name: str) -> HostContext:
+    want = load_desired(name, host.data)
+    os_info = read_os(name, read_fact(OsRelease))
+    _check_lock(name)
     # Refused together: the OS named, the pinned things' sources, every staged image's source.
     os_key = (os_info.id, os_info.version_id, os_info.codename)
     disagrees = os_disagrees(name, host.data.get("os"), os_key)
