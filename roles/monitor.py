@@ -76,8 +76,7 @@ def _check_monitor(name: str, gpu_host: bool) -> MonitorContext:
     settings = validate_monitor(name, host.data)
     fleet = read_fleet(name, "monitors", "its scrape targets cannot be built", host.inventory,
                        _targets)
-    gpus = [gpu for gpu, _, _ in fleet if gpu]
-    if not gpus:
+    if not (gpus := [gpu for gpu, _, _ in fleet if gpu]):
         raise PreflightError(f"{name}: monitors: the inventory has no GPU host to monitor; "
                              "allowed: a monitor beside at least one GPU host")
     check_service_os(name)
