@@ -24,8 +24,7 @@ def balancer(ctx: BalancerContext) -> None:
     root_dir(name=f"Directory {paths.secret_dir} (root-only)", path=paths.secret_dir, mode="0700")
     gates = [secret_file(name=f"API key list {paths.keys} (root-only)", dest=paths.keys,
                          content=Secret(keys_list(ctx.api_key.reveal())))]
-    tls = ctx.settings.tls
-    if tls is not None and ctx.tls_key is not None:
+    if (tls := ctx.settings.tls) is not None and ctx.tls_key is not None:
         cert = Path(tls.cert_file).read_text(encoding="utf-8")
         gates.append(secret_file(name=f"Balancer certificate and key {paths.pem} (root-only)",
                                  dest=paths.pem,

@@ -127,8 +127,7 @@ def apt_packages(packages: Sequence[str], hold: bool = False, version_prefix: st
     names = [spec.partition("=")[0] for spec in packages]
     for spec in packages:
         name, _, version = spec.partition("=")
-        pkg = dpkg.get(name)
-        if pkg is None or not pkg.installed:
+        if (pkg := dpkg.get(name)) is None or not pkg.installed:
             install.append(spec)
         elif (version and pkg.version != version) or not pkg.version.startswith(
                 version_prefix or ""):

@@ -33,8 +33,7 @@ def caps_mismatch(caps: Sequence[int], gpus: Sequence[Any]) -> list[str]:
 @operation()
 def apply_power_caps(caps: Sequence[int], gates: Sequence[OperationMeta]):
     """Check ``caps`` against the cards' ranges; apply them when they differ."""
-    gpu = read_fact(GpuQuery)
-    if gpu.loaded:
+    if (gpu := read_fact(GpuQuery)).loaded:
         try:
             check_caps_against_gpus(host.name, caps, gpu.gpus)
         except HostDataError as e:  # preparing, the preflight has refused the host already

@@ -65,8 +65,7 @@ def adopt_weights(model_dir: str, local_dir: str, compose_files: tuple[str, ...]
     directory of the revision its manifest names: renamed, the old name left as a link."""
     old = str(HOST.weights_legacy_dir(model_dir, local_dir))
     dirs = read_fact(WeightsDirs, model_dir=model_dir, compose_files=compose_files)
-    entry = dirs.entries.get(local_dir)
-    if entry is None or entry.kind != "dir":
+    if (entry := dirs.entries.get(local_dir)) is None or entry.kind != "dir":
         host.noop(f"{old} links to {entry.target} (adopted)" if entry is not None
                   else f"no weights in {old} (every revision has its own directory)")
         return
