@@ -147,8 +147,7 @@ def serves(ctx: HostContext) -> str | None:
 
 
 def plan_step(ctx: HostContext, what: str, will: OperationMeta | bool, apt: bool = False) -> None:
-    """(Preparing) note that ``what`` (``apt``: using apt) disturbs this serving host when ``will``
-    (an operation that will change, or a flag)."""
+    """(Preparing) note: ``what`` (``apt``: it uses apt) disturbs this serving host if ``will``."""
     if not (will if isinstance(will, bool) else will.will_change) or not serves(ctx):
         return
     lock_wait_s()  # a bad value stops the run while preparing, before anything changes
@@ -182,9 +181,8 @@ def _decide_all(state: State) -> None:
 
 def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (), otherwise: Sequence[str] = (),
           reboot_grace_s: float | None = None) -> Iterator[Any]:
-    """(Executing, before a disturbing step's commands) open this host's window (once: plan and
-    host tool shipped, ``maintenance ready``, ``inputs``), or add the step; preparing, or a bare
-    host: ``otherwise``."""
+    """(Executing, before a disturbing step) open this host's window once (plan, host tool,
+    ``ready``, ``inputs``) or add the step to it; preparing, or on a bare host: ``otherwise``."""
     name, b = ctx.want.name, book()
     if not executing() or (name not in b.serving and not serves(ctx)):
         yield from otherwise

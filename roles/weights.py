@@ -61,8 +61,7 @@ def fetch_weights(repo: str, revision: str, local_dir: str, token_file: str | No
 
 @operation()
 def adopt_weights(model_dir: str, local_dir: str, compose_files: tuple[str, ...]):
-    """Adopt ``<model_dir>/<local_dir>`` (weights of before per-revision directories) as the
-    directory of the revision its manifest names: renamed, the old name left as a link."""
+    """Rename pre-revision ``<model_dir>/<local_dir>`` to its manifest's revision, linked back."""
     old = str(HOST.weights_legacy_dir(model_dir, local_dir))
     dirs = read_fact(WeightsDirs, model_dir=model_dir, compose_files=compose_files)
     if (entry := dirs.entries.get(local_dir)) is None or entry.kind != "dir":
