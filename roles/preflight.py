@@ -107,8 +107,7 @@ class BalancerContext:
         return self.plan.settings
 
 
-# How the preflight asks the pinned things' sources (rigfleet/check.py; tests put None or a
-# fake here), and each run's answers (asked once for every host).
+# How the pinned things' sources are asked (tests put None or a fake here), once a run.
 SOURCES: Callable[[], Online] | None = deploy_online
 _ONLINE: weakref.WeakKeyDictionary[State, Online] = weakref.WeakKeyDictionary()
 
