@@ -48,10 +48,9 @@ CACHE_ROLES: tuple[Callable[..., Any], ...] = (base.base, cache.cache)
 def converge() -> None:
     """Run this host's roles, each kind's preflight first."""
     kind = host_kind(host.groups)
-    # Each kind calls its roles from its own line, the cache's first: pyinfra orders the
-    # fleet's operations by their call stacks' line numbers (docs/images.md). host.loop: two
-    # roles calling an operation at the same line would otherwise be one operation, and a host
-    # that skips one role's operation would order them in a cycle.
+    # Each kind calls its roles from its own line, the cache's first: pyinfra orders operations
+    # by their call lines (docs/images.md). host.loop: else two roles' operations at one line
+    # would be one, and a host that skips one role's operation would order them in a cycle.
     contexts: list[Any] = []
     if kind.cache:
         contexts.append(cache.preflight_cache(gpu_host=kind.gpu))

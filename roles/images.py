@@ -130,9 +130,8 @@ def runtime_image_built(image: RuntimeImage, index_url: str | None):
 @deploy("Images")
 def images(ctx: HostContext) -> None:
     state_args = fact_arguments(ctx.want)
-    # One order on every host (by stack name), or pyinfra's operation DAG has a cycle; every
-    # host's own staging before any peer's load from its seed (hosts staging other stacks hold a
-    # shared image at other loop positions).
+    # One order on every host (by stack name), or pyinfra's operation DAG has a cycle; each host's
+    # own staging before any peer's load (other hosts hold a shared image at other loop positions).
     planned = [(p, *peer_image(p)) for p in staging_plan(ctx.want).images]
     for p, _, peer in host.loop(planned):
         present = (f"present (id {p.presence.local.id[:19]})"

@@ -149,9 +149,8 @@ def swap(ctx: HostContext) -> None:
               reason="units unchanged")
     if detaches:
         maintenance.close_pending(ctx)
-    # Enabled only, both started after the swap: started here, either could hold the host lock
-    # (the stack unit's ``ensure``, the supervisor recreating a container replaced by hand)
-    # just as the swap below probes it, and refuse it.
+    # Enabled only, started after the swap: started here, either could hold the host lock (the
+    # stack unit's ``ensure``, the supervisor's recreation) as the swap probes it, and refuse it.
     for name, what in ((hosttool.STACK_UNIT, "at boot"),
                        (hosttool.SUPERVISE_UNIT, "with the stack unit")):
         systemd.service(name=f"{name} enabled {what}", service=name, enabled=True,
