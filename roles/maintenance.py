@@ -138,9 +138,8 @@ def serves(ctx: HostContext) -> str | None:
     ref = active.get("ref") if isinstance(active, dict) else None
     if not isinstance(ref, dict) or not ref.get("stack"):
         return None
-    route = f"{ref.get('stack')}/{ref.get('config_hash')}"
     b = book()
-    b.serving[ctx.want.name] = route
+    route = b.serving[ctx.want.name] = f"{ref.get('stack')}/{ref.get('config_hash')}"
     b.plans.setdefault(ctx.want.name, window_plan(ctx))
     b.follow_s[ctx.want.name] = ctx.want.settings.swap.follow_timeout_s
     return route
