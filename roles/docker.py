@@ -1,6 +1,5 @@
-"""Docker Engine + Compose v2, and ``/etc/docker/daemon.json`` merged (never overwritten): a
-change Docker reloads (``RELOADABLE``) is reloaded, any other is a restart, in a serving host's
-maintenance window (docs/converge.md, "Docker: packages and daemon.json")."""
+"""Docker Engine + Compose v2, daemon.json merged (never overwritten): a change Docker reloads
+(``RELOADABLE``) is reloaded, any other restarts it, in a window (docs/converge.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Follow a job the host tool runs as a transient unit (a swap, a window's close): its progress,
-the gate reports copied to ``reports/<host>/``, and ``box["error"]`` unless it succeeded.
-"""
+"""Follow a host-tool job (swap, window close): progress, gate reports, ``box["error"]``."""
 
 from __future__ import annotations
 
@@ -74,7 +72,7 @@ def outcome_message(name: str, result: dict[str, Any], reports: list[Path]) -> s
 def follow(swap_id: str, timeout_s: float, reports: str, box: dict[str, str],
            describe: Callable[[str, dict[str, Any], list[Path]], str] = outcome_message,
            label: str = "swap", unit: str | None = None) -> None:
-    """At execution time: follow a host job (see the module docstring)."""
+    """At execution time: follow a host job; ``box["error"]`` is set unless it succeeded."""
     unit = unit or hosttool.unit_name(swap_id)
     try:
         t0 = time.monotonic()

@@ -1,6 +1,5 @@
-"""NVIDIA driver: the pinned branch with the open kernel modules, held, loaded (rebooting only
-when needed), verified (docs/converge.md: "NVIDIA driver", "Packages, holds and reboots").
-"""
+"""NVIDIA driver: the pinned branch, open modules, held, loaded (rebooting only when needed),
+verified (docs/converge.md: "NVIDIA driver", "Packages, holds and reboots")."""
 
 from __future__ import annotations
 

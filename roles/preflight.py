@@ -1,6 +1,5 @@
-"""Preflight: a host's data, the pins and its facts, checked before anything changes; a problem
-refuses that host alone (docs/converge.md). Its ``HostContext`` is what every other role takes.
-"""
+"""Preflight: host data, pins and facts checked before any change; a problem refuses that host
+alone (docs/converge.md). Its ``HostContext`` is what every other role takes."""
 
 from __future__ import annotations
 
