@@ -14,7 +14,7 @@ from rigfleet.commands import docker as docker_commands
 from rigfleet.facts import GenesisHead, GenesisTrees, TextFile, read_fact, read_paths
 from rigfleet.genesis import StackUse, TreeReport, layout_problem, pairing_problems
 from rigfleet.hostside.layout import HOST
-from rigfleet.pins import GenesisPin
+from rigfleet.pins import GenesisPin, StackPins
 from rigfleet.retention import stale
 from roles.ops import check, executing, fail, read_on_host, root_put, run_on_host
 from roles.preflight import HostContext
@@ -107,10 +107,10 @@ def verify_checkout(pin: GenesisPin) -> str | None:
 
 
 @operation()
-def genesis_gate(stack: str, image_ref: str, digest: str, vllm_version: str, pin: GenesisPin,
-                 use: StackUse):
+def genesis_gate(stack: str, staged: StackPins, pin: GenesisPin, use: StackUse):
     """Refuse a stack whose image's vLLM or switches do not suit its Genesis tree (executing)."""
-    cache = str(HOST.version_cache(digest))
+    image_ref, vllm_version = staged.local_image, staged.vllm_version
+    cache = str(HOST.version_cache(staged.digest))
     cached = read_fact(TextFile, path=cache)
     if not executing():
         if cached is None:
@@ -176,5 +176,4 @@ def genesis(ctx: HostContext) -> None:
              if s.spec.genesis is not None and s.pins.genesis is not None]  # fmt: skip
     for name, staged, g, use in host.loop(gates):
         genesis_gate(name=f"Genesis compatibility of vLLM {staged.vllm_version}", stack=name,
-                     image_ref=staged.image, digest=staged.digest,
-                     vllm_version=staged.vllm_version, pin=g, use=use)
+                     staged=staged, pin=g, use=use)
