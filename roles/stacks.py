@@ -22,17 +22,16 @@ from roles.preflight import HostContext
 @deploy("Serving stacks")
 def stacks(ctx: HostContext) -> None:
     key = ctx.api_key.reveal()
-    read_paths([str(HOST.vllm_env_file), str(HOST.auth_header_file), str(HOST.api_key_file),
-                *(p for name, staged in sorted(ctx.want.stacks.items())
-                  for p in (str(HOST.stack_dir(name)), *staged.spec.cache_dirs,
-                            staged.compose_file))])
+    secrets = {str(HOST.vllm_env_file): ("vLLM API key env file", f"VLLM_API_KEY={key}\n"),
+               str(HOST.auth_header_file): ("Readiness probe auth header",
+                                            f"Authorization: Bearer {key}\n"),
+               str(HOST.api_key_file): ("API key for the gate", f"{key}\n")}
+    read_paths([*secrets, *(p for name, staged in sorted(ctx.want.stacks.items())
+                            for p in (str(HOST.stack_dir(name)), *staged.spec.cache_dirs,
+                                      staged.compose_file))])
     root_dir(name=f"Directory {HOST.secrets_dir}", path=str(HOST.secrets_dir), mode="0700")
-    secret_file(name="vLLM API key env file (root-only)", dest=str(HOST.vllm_env_file),
-                content=Secret(f"VLLM_API_KEY={key}\n"))
-    secret_file(name="Readiness probe auth header (root-only)", dest=str(HOST.auth_header_file),
-                content=Secret(f"Authorization: Bearer {key}\n"))
-    secret_file(name="API key for the gate (root-only)", dest=str(HOST.api_key_file),
-                content=Secret(f"{key}\n"))
+    for dest, (what, text) in host.loop(secrets.items()):
+        secret_file(name=f"{what} (root-only)", dest=dest, content=Secret(text))
 
     for name, staged in host.loop(sorted(ctx.want.stacks.items())):
         project = staged.spec.compose_project
