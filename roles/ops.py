@@ -118,9 +118,8 @@ def check(verify: Callable[[], str | None], what: str = "check"):
 @operation()
 def apt_packages(packages: Sequence[str], hold: bool = False, version_prefix: str | None = None,
                  before: Callable[[Sequence[str]], Iterable[Any]] | None = None):
-    """Install missing packages (``name`` or ``name=version``; installed versions must start with
-    ``version_prefix``), optionally held. ``before``, when installing, gets the update and
-    download commands and yields what runs first, the update at least (``maintenance.enter``)."""
+    """Install missing or off-pin packages (``name=version``; ``version_prefix``), held if ``hold``.
+    ``before`` gets the update and download commands and yields what runs first, the update too."""
     dpkg = read_fact(DpkgState)
     install: list[str] = []
     replace = False
