@@ -109,7 +109,7 @@ def verify_checkout(pin: GenesisPin) -> str | None:
 @operation()
 def genesis_gate(stack: str, staged: StackPins, pin: GenesisPin, use: StackUse):
     """Refuse a stack whose image's vLLM or switches do not suit its Genesis tree (executing)."""
-    image_ref, vllm_version = staged.local_image, staged.vllm_version
+    image_ref, vllm_version = staged.image, staged.vllm_version
     cache = str(HOST.version_cache(staged.digest))
     cached = read_fact(TextFile, path=cache)
     if not executing():
