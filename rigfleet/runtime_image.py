@@ -53,5 +53,6 @@ class RuntimeImage:
             f"FROM {self.base}\n"
             "RUN pip install --no-cache-dir --disable-pip-version-check --no-input --root-user-"
             f"action=ignore{pip_index(index_url)} {packages}\n"
-            f"LABEL {BASE_LABEL}={self.digest} {PACKAGES_LABEL}={json.dumps(' '.join(self.packages))}\n"
+            f"LABEL {BASE_LABEL}={self.digest} "
+            f"{PACKAGES_LABEL}={json.dumps(' '.join(self.packages))}\n"
         )

@@ -40,7 +40,8 @@ REBOOT_STEP = "reboot to load the NVIDIA driver"
 
 
 # Debian kernel releases: 6.1.0-40-amd64, 6.12.48+deb13-amd64, 6.12.12+bpo-cloud-amd64.
-_DEBIAN_KERNEL = re.compile(r"\d+\.\d+(?:\.\d+)?(?:-\d+)?(?:\+[a-z0-9.~]+)?-(?P<flavour>[a-z0-9][a-z0-9-]*)")
+_DEBIAN_KERNEL = re.compile(
+    r"\d+\.\d+(?:\.\d+)?(?:-\d+)?(?:\+[a-z0-9.~]+)?-(?P<flavour>[a-z0-9][a-z0-9-]*)")
 
 
 def debian_kernel_flavour(kernel: str, arch: str = "") -> str | None:

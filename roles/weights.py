@@ -132,7 +132,8 @@ def fetcher(model_dir: str, hf_hub_version: str, index_url: str | None,
         root_dir(name=f"Directory {path}", path=path, mode=mode)
     hf_hub_venv(name=f"huggingface_hub {hf_hub_version} venv", version=hf_hub_version,
                 index_url=index_url)
-    root_put(name="Weights fetcher script", src=str(project_file("files/rigfleet-fetch-weights.py")),
+    root_put(name="Weights fetcher script",
+             src=str(project_file("files/rigfleet-fetch-weights.py")),
              dest=weights_commands.FETCH_SCRIPT, mode="0755")
     if hf_token is None:
         return None
