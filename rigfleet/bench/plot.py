@@ -64,14 +64,13 @@ def _decode_panel(ax: Any, stack: str, rows: list[Entry], fleet: dict[str, float
                             color=style["color"], zorder=6)
     if shown:
         lo, hi = axis_range(shown)
-        ax.set_ylim(lo, hi)
+        ax.set(ylim=(lo, hi),
+               ylabel=f"decode tok/s (axis from {lo:.0f})" if lo > 0 else "decode tok/s")
         for x, value, text in labels:  # inside the bar, halfway up: clear of the lines
             ax.text(x, lo + (value - lo) * 0.45, text, ha="center", va="center", fontsize=7,
                     zorder=6)
-        ax.set_ylabel(f"decode tok/s (axis from {lo:.0f})" if lo > 0 else "decode tok/s")
-    ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([e.host if measured(e) else f"{e.host}\n(not measured)" for e in rows],
-                       fontsize=8)
+    ax.set_xticks(range(len(rows)), [e.host if measured(e) else f"{e.host}\n(not measured)"
+                                     for e in rows], fontsize=8)
     ax.set_xlim(-1.0, len(rows))
     ax.grid(axis="y", alpha=0.3, zorder=0)
     ax.set_title(f"{stack}: decode tok/s per host ({' | '.join(SHAPES)})", fontsize=10)
