@@ -110,9 +110,8 @@ def fleet_hosts(args: argparse.Namespace) -> list[InventoryHost]:
 def one_host(args: argparse.Namespace) -> InventoryHost:
     """The inventory host ``args.host`` names (within ``--limit`` when given)."""
     hosts = fleet_hosts(args)
-    for h in hosts:
-        if h.name == args.host:
-            return h
+    if (host := next((h for h in hosts if h.name == args.host), None)) is not None:
+        return host
     raise UsageError(f"{args.inventory}: host: {args.host!r} is not in the inventory"
                      f"{' within --limit' if args.limit else ''}; allowed: "
                      f"{', '.join(h.name for h in hosts)}")

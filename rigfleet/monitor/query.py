@@ -40,9 +40,8 @@ class Answers:
 
 def monitor_host(hosts: Sequence[InventoryHost], inventory: str) -> InventoryHost:
     """The first host of group ``monitors``; ``MonitorError`` saying what to add when none."""
-    for h in hosts:
-        if MONITOR_GROUP in h.groups:
-            return h
+    if (monitor := next((h for h in hosts if MONITOR_GROUP in h.groups), None)) is not None:
+        return monitor
     raise MonitorError(
         f"inventory {inventory}: groups: no host in group {MONITOR_GROUP!r}; allowed: a "
         f"monitor host in group {MONITOR_GROUP!r} (e.g. `{MONITOR_GROUP} = [\"lb1\"]` in the "
