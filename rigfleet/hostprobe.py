@@ -117,11 +117,9 @@ def last_json(text: str) -> dict[str, Any] | None:
 
 def parse_probe(text: str, where: str) -> HostProbe:
     """The probe's JSON (its last stdout line); raises ``HostUnreachable`` naming ``where``."""
-    data = last_json(text)
-    if data is not None:
+    if (data := last_json(text)) is not None:
         return HostProbe(data)
-    detail = text.strip()[-300:] or "no output"
-    raise HostUnreachable(f"{where}: the host probe failed: {detail}")
+    raise HostUnreachable(f"{where}: the host probe failed: {text.strip()[-300:] or 'no output'}")
 
 
 def run_probe(remote: Remote, host: InventoryHost, *, full: bool = False,

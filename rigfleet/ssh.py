@@ -143,9 +143,7 @@ class SshRemote:
     @staticmethod
     def command(host: InventoryHost, command: str) -> str:
         """``command`` as it is sent (through ``sudo -n`` for ``_sudo`` hosts)."""
-        if host.data.get("_sudo"):
-            return f"sudo -n sh -c {shlex.quote(command)}"
-        return command
+        return f"sudo -n sh -c {shlex.quote(command)}" if host.data.get("_sudo") else command
 
     @contextmanager
     def _channel(self, host: InventoryHost, command: str, timeout: float,
