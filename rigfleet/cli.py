@@ -67,13 +67,12 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
     from rigfleet.endpoints import check, check_balancer
 
     hosts = load_inventory(args.inventory)
-    chosen = {h.name for h in select(hosts, args.limit, args.inventory)}
-    rows = [check(host, args.timeout) for host in gpu_hosts(hosts) if host.name in chosen]
-    rows += [row for lb in balancers(hosts) if lb.name in chosen
-             for row in check_balancer(lb, hosts, args.timeout)]
+    picked = select(hosts, args.limit, args.inventory)  # in inventory order
+    rows = [check(host, args.timeout) for host in gpu_hosts(picked)]
+    rows += [row for lb in balancers(picked) for row in check_balancer(lb, hosts, args.timeout)]
     if not rows:
         raise UsageError(f"{args.inventory}: no serving host or balancer among "
-                         f"{', '.join(sorted(chosen))}; nothing to ask")
+                         f"{', '.join(sorted(h.name for h in picked))}; nothing to ask")
     failed = sum(row.status != 200 for row in rows)
     show(args.json, {"hosts": [asdict(r) for r in rows], "ok": not failed},
          endpoints_table(rows, f"serving endpoints ({args.inventory})"))
