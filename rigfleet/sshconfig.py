@@ -86,9 +86,7 @@ def load_config(data: dict[str, Any], host: str) -> paramiko.SSHConfig | None:
 def _hop(config: paramiko.SSHConfig | None, spec: str, known: tuple[str, ...]) -> SshTarget:
     """A ``ProxyJump`` entry (``[user@]host[:port]``), looked up in the same file."""
     user, _, hostport = spec.strip().rpartition("@")
-    host, port = hostport, ""
-    if hostport.count(":") == 1:
-        host, _, port = hostport.partition(":")
+    host, _, port = hostport.partition(":") if hostport.count(":") == 1 else (hostport, "", "")
     return _target(config.lookup(host) if config is not None else {}, host, port, user, known)
 
 
