@@ -1,8 +1,5 @@
-"""Custom pyinfra facts: what the roles need to know about a host, one command each.
-
-Each fact answers one whole question with one command that succeeds even when the thing is
-absent (absence is data); the roles read through ``read_fact``, which asks each fact once while
-nothing changed on the host (``rigfleet.factmemo``)::
+"""Custom pyinfra facts: one command each, which succeeds when the thing is absent (absence is
+data); the roles read them through ``read_fact``, once while nothing changed on the host::
 
     state = read_fact(GpuQuery)
     state.loaded, state.driver_version   # True, "580.105.08"
@@ -12,7 +9,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 import shlex
 from collections.abc import Iterable
 from contextlib import suppress
@@ -35,6 +31,7 @@ from rigfleet.factmemo import fact_key, prime, read_host_once
 from rigfleet.hostprobe import last_json
 from rigfleet.hostside.layout import MANIFEST_NAME
 from rigfleet.hostside.records import weights_mismatch
+from rigfleet.pins import HEX40
 
 T = TypeVar("T")
 
@@ -513,9 +510,6 @@ class GenesisTreeState:
     referenced: frozenset[str] = frozenset()
 
 
-HEX40 = re.compile(r"[0-9a-f]{40}")  # a git commit (also roles/weights.py's revisions)
-
-
 class GenesisTrees(FactBase[GenesisTreeState]):
     """``<trees_dir>/<commit>/`` directories and the commits the given compose files name."""
 
@@ -577,11 +571,10 @@ class FileDigest(FactBase[FileInfo | None]):
 
     @override
     def process(self, output: list[str]) -> FileInfo | None:
-        words = output[0].split() if len(output) >= 2 else []
-        if len(words) != 3:
-            return None
-        mode, user, group = words
-        return FileInfo(mode.zfill(4)[-4:], user, group, sha256=output[1].strip())
+        match output[0].split() if len(output) >= 2 else []:
+            case [mode, user, group]:
+                return FileInfo(mode.zfill(4)[-4:], user, group, sha256=output[1].strip())
+        return None
 
 
 class SwapProbe(FactBase[dict[str, Any]]):

@@ -1,6 +1,5 @@
-"""The fleet's pins (``pins.yaml``), everything that must not move unless a person moves it:
-images (tag and digest), Genesis commits, model revisions, driver, toolkit and hub versions.
-docs/pins.md describes every key (from ``rigfleet.pin_keys``)::
+"""The fleet's pins (``pins.yaml``): everything that must not move unless a person moves it
+(docs/pins.md describes every key, from ``rigfleet.pin_keys``)::
 
     pins = load_pins("pins.yaml")
     pins.stacks["int8"].image_ref   # "vllm/vllm-openai:nightly-01d4...@sha256:..."
@@ -30,7 +29,7 @@ LOCK_HINT = "run `rigfleet pins lock` to resolve it from the registry / hub"
 # `nightly-x86_64`/`nightly-aarch64` on every build, and `<variant>-nightly` for variants.
 MUTABLE_TAGS = frozenset({"latest", "nightly", "nightly-x86_64", "nightly-aarch64"})
 
-_HEX40 = re.compile(r"[0-9a-f]{40}")
+HEX40 = re.compile(r"[0-9a-f]{40}")  # a git commit (also the weights' and trees' revisions)
 _SHORT_HEX = re.compile(r"[0-9a-f]{4,39}")
 # Docker reference grammar, simplified: optional registry host[:port], lowercase path
 # components, then a tag. Digests are a separate key, so no "@" here.
@@ -274,7 +273,7 @@ class _Checker(Problems):
             text += f" (or {UNRESOLVED!r} until `rigfleet pins lock`)"
         if value == UNRESOLVED and allow_unresolved:
             return value
-        if pattern is _HEX40 and isinstance(value, str) and _SHORT_HEX.fullmatch(value):
+        if pattern is HEX40 and isinstance(value, str) and _SHORT_HEX.fullmatch(value):
             self.bad(key, value, text, f"is a short hash ({len(value)} characters); git and the "
                      "Hugging Face hub need the full 40-hex hash to pin exactly")
             return None
@@ -364,7 +363,7 @@ class _Checker(Problems):
             return None
         if key == "model":
             repo = self.string("model.repo", d.get("repo"), HF_REPO)
-        revision = self.pinned(f"{key}.revision", d.get("revision"), _HEX40,
+        revision = self.pinned(f"{key}.revision", d.get("revision"), HEX40,
                                allow_unresolved=True)
         local_dir = d.get("local_dir")
         if local_dir is None and key != "model" and repo:
@@ -473,7 +472,7 @@ class _Checker(Problems):
         version = self.string(f"{key}.version", d.get("version"), _GENESIS_VERSION,
                               required=False)
         repo = self.string(f"{key}.repo", d.get("repo"), GIT_URL)
-        commit = self.pinned(f"{key}.commit", d.get("commit"), _HEX40, allow_unresolved=False)
+        commit = self.pinned(f"{key}.commit", d.get("commit"), HEX40, allow_unresolved=False)
         if repo and commit and layout:
             return GenesisPin(repo=repo, commit=commit, layout=layout, version=version)
         return None

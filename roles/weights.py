@@ -9,10 +9,10 @@ from pyinfra.api import FunctionCommand, deploy, operation
 
 from rigfleet.commands import weights as weights_commands
 from rigfleet.desired import DesiredHost
-from rigfleet.facts import HEX40, VenvPackageVersion, WeightsManifest, read_fact, read_paths
+from rigfleet.facts import VenvPackageVersion, WeightsManifest, read_fact, read_paths
 from rigfleet.fleetcache import model_mirrors
 from rigfleet.hostside.layout import HOST
-from rigfleet.pins import ModelPin
+from rigfleet.pins import HEX40, ModelPin
 from rigfleet.resources import project_file
 from rigfleet.weights import WeightsDirs, prunable
 from roles.ops import Secret, WarnedCommand, executing, root_dir, root_put, secret_file
