@@ -1,6 +1,5 @@
-"""What a host should be (``DesiredHost``), built once per host (pure) from its data, the pins
-and the stacks: what the roles render and stage from, and what status, the host checks and the
-bump compare a host against; each stack's compose file is rendered once, here::
+"""What a host should be (``DesiredHost``), built once per host from its data, the pins and the
+stacks: what the roles stage, and what status, check and bump compare the host against::
 
     want = load_desired(host.name, host.data)          # validates data, reads the pins once
     want.stack, want.current.config_hash               # 'int8', '0a1b2c3d4e5f6789'

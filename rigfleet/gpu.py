@@ -1,7 +1,5 @@
-"""GPU facts: parse what ``nvidia-smi --query-gpu`` prints into typed data.
-
-The parser raises ``GpuParseError`` naming the offending line, or its subclass
-``DriverNotLoadedError`` when the driver is not loaded ("reboot needed", not "garbage")::
+"""Parse what ``nvidia-smi --query-gpu`` prints into typed data; ``GpuParseError`` names the
+offending line, ``DriverNotLoadedError`` says the driver is not loaded ("reboot needed")::
 
     cards = gpu.parse_query_gpu(stdout)        # [GpuInfo(index=0, name='NVIDIA GeForce ...')]
 """

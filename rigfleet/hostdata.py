@@ -1,6 +1,5 @@
-"""Host data: what the inventory says about one host, checked on the control side before any
-host changes. Every key is described once, in ``KEYS``: its check, typo hint, default and row
-of docs/hostdata.md (``python -m rigfleet.hostdata`` writes it)::
+"""Host data, checked on the control side before any host changes; every key is described once,
+in ``KEYS`` (``python -m rigfleet.hostdata`` writes docs/hostdata.md from it)::
 
     settings = validate_host(host.name, host.data)   # host.data or a plain dict
     settings.power_caps_w    # (290, 290): one cap per card

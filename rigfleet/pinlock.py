@@ -40,8 +40,7 @@ class _Resolver:
 
     def ask(self, key: tuple[str, str, str], read: Callable[[], str], missing: str,
             failed: str) -> str | None:
-        """``read()``'s answer, asked once per ``key``; None when it failed (the problem listed:
-        ``missing`` when the registry has no such thing, else ``failed: <why>``)."""
+        """``read()``'s answer, asked once per ``key``; None when it failed (the problem listed)."""
         try:
             if key not in self.asked:
                 self.asked[key] = read()
