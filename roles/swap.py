@@ -19,7 +19,7 @@ from rigfleet.batches import admit
 from rigfleet.commands import hosttool
 from rigfleet.facts import SwapProbe, UnitActive, read_fact, read_paths
 from rigfleet.hostbundle import build_bundle
-from rigfleet.hostside.layout import HOST
+from rigfleet.hostside.layout import BUNDLE_PATH, HOST
 from rigfleet.hostside.plan import Plan
 from rigfleet.hostside.records import describe, live_holder
 from rigfleet.hostside.steps import LOCK_WAIT_S
@@ -124,9 +124,9 @@ def unit_file(name: str, src: str, dest: str, ctx: HostContext, **variables: Any
 
 @deploy("Swap")
 def swap(ctx: HostContext) -> None:
-    read_paths([hosttool.PYZ, UNIT_PATH, SUPERVISE_PATH])
+    read_paths([BUNDLE_PATH, UNIT_PATH, SUPERVISE_PATH])
     bundle = root_put(name="Host-side tool (rigfleet-host.pyz: swap, lock, ledger, front, gate)",
-                      src=io.BytesIO(build_bundle()), dest=hosttool.PYZ, mode="0755")
+                      src=io.BytesIO(build_bundle()), dest=BUNDLE_PATH, mode="0755")
     unit = unit_file(f"{hosttool.STACK_UNIT} (recreates the active stack at boot)",
                      UNIT_TEMPLATE, UNIT_PATH, ctx, lock_wait_s=f"{LOCK_WAIT_S:g}")
     limits = ctx.want.settings.swap

@@ -15,14 +15,13 @@ from rigfleet.hostside.layout import BUNDLE_PATH, HOST
 from rigfleet.hostside.layout import STACK_UNIT as STACK_UNIT  # the units roles/swap.py installs
 from rigfleet.hostside.layout import SUPERVISE_UNIT as SUPERVISE_UNIT
 
-PYZ = BUNDLE_PATH
 PYTHON = "/usr/bin/python3"
 # The probe's answer on a host the deploy has not reached yet.
 BARE_PROBE = '{"schema": "rigfleet-probe/1", "bare": true}'
 
 
 def tool(*args: str) -> str:
-    return " ".join([PYTHON, PYZ, *(shlex.quote(a) for a in args)])
+    return " ".join([PYTHON, BUNDLE_PATH, *(shlex.quote(a) for a in args)])
 
 
 def plan_path(swap_id: str) -> str:
@@ -113,7 +112,7 @@ def probe(full: bool = False, model_path: str | None = None,
             args += ["--front-port", str(int(front_port))]
         if doctor_load_s is not None:
             args += ["--doctor", "--load-s", f"{float(doctor_load_s):g}"]
-    return (f"if [ -f {shlex.quote(PYZ)} ]; then {tool(*args)}; "
+    return (f"if [ -f {shlex.quote(BUNDLE_PATH)} ]; then {tool(*args)}; "
             f"else echo {shlex.quote(BARE_PROBE)}; fi")
 
 
