@@ -137,16 +137,16 @@ def fetcher(model_dir: str, hf_hub_version: str, index_url: str | None,
              dest=weights_commands.FETCH_SCRIPT, mode="0755")
     if hf_token is None:
         return None
-    secret_file(name="Hugging Face token (root-only)", dest=weights_commands.HF_TOKEN_FILE,
+    secret_file(name="Hugging Face token (root-only)", dest=str(HOST.hf_token_file),
                 content=Secret(hf_token.reveal() + "\n"))
-    return weights_commands.HF_TOKEN_FILE
+    return str(HOST.hf_token_file)
 
 
 @deploy("Model weights")
 def weights(ctx: HostContext) -> None:
     model_dir = ctx.want.settings.model_dir
     read_paths([*(path for path, _ in fetcher_dirs(model_dir)), weights_commands.FETCH_SCRIPT,
-                *([weights_commands.HF_TOKEN_FILE] if ctx.hf_token is not None else [])])
+                *([str(HOST.hf_token_file)] if ctx.hf_token is not None else [])])
     token_file = fetcher(model_dir, ctx.want.pins.hf_hub_version, ctx.want.settings.pip_index_url,
                          ctx.hf_token)
     for model in host.loop(ctx.want.models):

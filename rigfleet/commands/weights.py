@@ -10,7 +10,6 @@ from rigfleet.hostside.layout import HOST
 
 HF_VENV = str(HOST.hf_venv)
 FETCH_SCRIPT = str(HOST.script("rigfleet-fetch-weights.py"))
-HF_TOKEN_FILE = str(HOST.hf_token_file)
 LOCK_DIR = str(HOST.locks_dir)
 
 
