@@ -217,7 +217,7 @@ def back_from_reboot(ctx: HostContext) -> Iterator[Any]:
 
 def _plan_upload(plan: Plan) -> Iterator[Any]:
     yield f"install -d -m 0755 {shlex.quote(str(HOST.maintenance_dir))}"
-    yield from hosttool.upload_atomic(plan.dumps().encode(), hosttool.window_plan_path(plan.id))
+    yield from hosttool.upload_atomic(plan.dumps().encode(), str(HOST.window_plan(plan.id)))
 
 
 def close_message(name: str, result: dict[str, Any], reports: list[Any]) -> str:

@@ -92,7 +92,7 @@ def serve_desired(plan: Plan, follow_timeout_s: float, reports: str,
         return
     plan = replace(plan, why=f"{decision.kind} {decision.change or decision.reason}")
     yield f"install -d -m 0755 {HOST.swap_dir(plan.id)}"
-    yield FileUploadCommand(io.BytesIO(plan.dumps().encode()), hosttool.plan_path(plan.id))
+    yield FileUploadCommand(io.BytesIO(plan.dumps().encode()), str(HOST.plan_file(plan.id)))
     if decision.kind == "adopt":
         yield hosttool.adopt(plan.id)
     elif decision.kind == "ensure":

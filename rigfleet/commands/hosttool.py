@@ -24,10 +24,6 @@ def tool(*args: str) -> str:
     return " ".join([PYTHON, BUNDLE_PATH, *(shlex.quote(a) for a in args)])
 
 
-def plan_path(swap_id: str) -> str:
-    return str(HOST.plan_file(swap_id))
-
-
 def unit_name(swap_id: str) -> str:
     return f"rigfleet-swap-{swap_id}"
 
@@ -41,21 +37,17 @@ def _transient(unit: str, *args: str) -> str:
 
 
 def start_swap(swap_id: str) -> str:
-    return _transient(unit_name(swap_id), "swap", "--plan", plan_path(swap_id))
+    return _transient(unit_name(swap_id), "swap", "--plan", str(HOST.plan_file(swap_id)))
 
 
 def close_unit(window_id: str) -> str:
     return f"rigfleet-maint-{window_id}"
 
 
-def window_plan_path(window_id: str) -> str:
-    return str(HOST.window_plan(window_id))
-
-
 def maintenance_open(window_id: str, step: str, reboot_grace_s: float | None = None) -> str:
     """Open (or add ``step`` to) the window, held by this SSH session (and a reboot's grace)."""
     grace = ("--reboot-grace-s", f"{reboot_grace_s:g}") if reboot_grace_s is not None else ()
-    return tool("maintenance", "open", "--plan", window_plan_path(window_id), "--step", step,
+    return tool("maintenance", "open", "--plan", str(HOST.window_plan(window_id)), "--step", step,
                 *grace)
 
 
@@ -67,13 +59,13 @@ def maintenance_ready(packages: bool, lock_wait_s: int = 120) -> str:
 
 def maintenance_hold(window_id: str) -> str:
     """Back from the reboot: the window held by this (new) SSH session."""
-    return tool("maintenance", "hold", "--plan", window_plan_path(window_id))
+    return tool("maintenance", "hold", "--plan", str(HOST.window_plan(window_id)))
 
 
 def start_close(window_id: str, journal_id: str, cause: str = "") -> str:
     """Close the deploy's own window as a transient unit; ``cause``: why now, for the ledger."""
     return _transient(close_unit(window_id), "maintenance", "close", "--plan",
-                      window_plan_path(window_id), "--journal-id", journal_id, "--own",
+                      str(HOST.window_plan(window_id)), "--journal-id", journal_id, "--own",
                       *(("--cause", cause) if cause else ()))
 
 
@@ -92,7 +84,7 @@ def status(swap_id: str, since: int) -> str:
 
 
 def adopt(swap_id: str) -> str:
-    return tool("adopt", "--plan", plan_path(swap_id))
+    return tool("adopt", "--plan", str(HOST.plan_file(swap_id)))
 
 
 def ensure(front_port: int, who: str) -> str:
