@@ -30,7 +30,7 @@ from rigfleet.batches import BATCH_ENV, admit, batch_size
 from rigfleet.commands import hosttool
 from rigfleet.facts import SwapProbe, read_fact
 from rigfleet.hostbundle import build_bundle
-from rigfleet.hostside.layout import BUNDLE_PATH, HOST
+from rigfleet.hostside.layout import BUNDLE_PATH, HOST, SUPERVISE_UNIT
 from rigfleet.hostside.plan import Plan
 from rigfleet.swapplan import DEPLOY_ID, build_plan
 from roles.follow import failure_tail, follow, reports_root
@@ -198,7 +198,7 @@ def enter(ctx: HostContext, what: str, inputs: Sequence[str] = (), otherwise: Se
         if read_fact(SwapProbe).get("bundle") != hashlib.sha256(data).hexdigest():
             # Renamed into place: the running supervisor keeps reading its own zip (lazily).
             yield from hosttool.upload_atomic(data, BUNDLE_PATH, mode="0755")
-            yield f"systemctl try-restart {hosttool.SUPERVISE_UNIT}"
+            yield f"systemctl try-restart {SUPERVISE_UNIT}"
         yield from _plan_upload(plan)
         b.shipped.add(name)
     if name not in b.ready or inputs:

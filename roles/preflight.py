@@ -45,6 +45,7 @@ from rigfleet.hostdata import (
     check_gpus,
     stop_on_preflight,
 )
+from rigfleet.hostside.layout import STACK_UNIT, SUPERVISE_UNIT
 from rigfleet.hostside.records import describe, live_holder
 from rigfleet.images.deploy import preflight_images
 from rigfleet.oporder import fast_operation_order
@@ -55,8 +56,8 @@ from roles.ops import Secret, on_change
 
 # The units the roles check (systemd.service, unit_started), read in one round trip.
 GPU_HOST_UNITS = ("chrony.service", "docker.service", "nvidia-persistenced.service",
-                  "rigfleet-power-caps.service", "nginx.service", hosttool.STACK_UNIT,
-                  hosttool.SUPERVISE_UNIT, f"{NODE_EXPORTER}.service", f"{METRICS_UNIT}.timer")
+                  "rigfleet-power-caps.service", "nginx.service", STACK_UNIT,
+                  SUPERVISE_UNIT, f"{NODE_EXPORTER}.service", f"{METRICS_UNIT}.timer")
 
 # How long a deploy waits for the host's own units to let go of the host lock before refusing.
 OWN_UNITS_WAIT_S = 30.0
@@ -354,7 +355,7 @@ def preflight_of(title: str, check: Callable[[str, bool], _T]) -> Callable[..., 
 def _own_unit(holder: Any) -> dict[str, Any] | None:
     """``holder`` when it is one of the host's own units, alive (not a maintenance window)."""
     live = live_holder(holder)
-    units = (hosttool.STACK_UNIT, hosttool.SUPERVISE_UNIT)
+    units = (STACK_UNIT, SUPERVISE_UNIT)
     return live if live and not live.get("window") and live.get("who") in units else None
 
 

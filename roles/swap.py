@@ -19,7 +19,7 @@ from rigfleet.batches import admit
 from rigfleet.commands import hosttool
 from rigfleet.facts import SwapProbe, UnitActive, read_fact, read_paths
 from rigfleet.hostbundle import build_bundle
-from rigfleet.hostside.layout import BUNDLE_PATH, HOST
+from rigfleet.hostside.layout import BUNDLE_PATH, HOST, STACK_UNIT, SUPERVISE_UNIT
 from rigfleet.hostside.plan import Plan
 from rigfleet.hostside.records import describe, live_holder
 from rigfleet.hostside.steps import LOCK_WAIT_S
@@ -33,9 +33,9 @@ from roles.ops import executing, fail, on_change, root_put, root_template, run_o
 from roles.preflight import HostContext
 
 UNIT_TEMPLATE = str(project_file("files/rigfleet-stack.service.j2"))
-UNIT_PATH = f"/etc/systemd/system/{hosttool.STACK_UNIT}"
+UNIT_PATH = f"/etc/systemd/system/{STACK_UNIT}"
 SUPERVISE_TEMPLATE = str(project_file("files/rigfleet-supervise.service.j2"))
-SUPERVISE_PATH = f"/etc/systemd/system/{hosttool.SUPERVISE_UNIT}"
+SUPERVISE_PATH = f"/etc/systemd/system/{SUPERVISE_UNIT}"
 # Per run (State): the converge's cap, from the whole inventory, and the hosts swapping now.
 _BATCH: weakref.WeakKeyDictionary[State, SwapBatch] = weakref.WeakKeyDictionary()
 _SLOTS: weakref.WeakKeyDictionary[State, _Slots] = weakref.WeakKeyDictionary()
@@ -127,15 +127,15 @@ def swap(ctx: HostContext) -> None:
     read_paths([BUNDLE_PATH, UNIT_PATH, SUPERVISE_PATH])
     bundle = root_put(name="Host-side tool (rigfleet-host.pyz: swap, lock, ledger, front, gate)",
                       src=io.BytesIO(build_bundle()), dest=BUNDLE_PATH, mode="0755")
-    unit = unit_file(f"{hosttool.STACK_UNIT} (recreates the active stack at boot)",
+    unit = unit_file(f"{STACK_UNIT} (recreates the active stack at boot)",
                      UNIT_TEMPLATE, UNIT_PATH, ctx, lock_wait_s=f"{LOCK_WAIT_S:g}")
     limits = ctx.want.settings.swap
     policy = Policy(ready_timeout_s=limits.ready_timeout_s, vram_timeout_s=limits.vram_timeout_s,
                     retry_after_s=limits.retry_after_s, backoff_s=limits.supervise_backoff_s,
                     limit=limits.supervise_limit, window_s=limits.supervise_window_s)
     supervise_unit = unit_file(
-        f"{hosttool.SUPERVISE_UNIT} (recreates the active stack when its engine dies)",
-        SUPERVISE_TEMPLATE, SUPERVISE_PATH, ctx, stack_unit=hosttool.STACK_UNIT,
+        f"{SUPERVISE_UNIT} (recreates the active stack when its engine dies)",
+        SUPERVISE_TEMPLATE, SUPERVISE_PATH, ctx, stack_unit=STACK_UNIT,
         flags=" ".join(policy.argv()), backoff=", ".join(f"{s:g}" for s in policy.backoff_s),
         limit=policy.limit, window_s=f"{policy.window_s:g}")
     # A daemon-reload could take the serving container's GPUs: then in a maintenance window.
@@ -151,8 +151,8 @@ def swap(ctx: HostContext) -> None:
         maintenance.close_pending(ctx)
     # Enabled only, started after the swap: started here, either could hold the host lock (the
     # stack unit's ``ensure``, the supervisor's recreation) as the swap probes it, and refuse it.
-    for name, what in ((hosttool.STACK_UNIT, "at boot"),
-                       (hosttool.SUPERVISE_UNIT, "with the stack unit")):
+    for name, what in ((STACK_UNIT, "at boot"),
+                       (SUPERVISE_UNIT, "with the stack unit")):
         systemd.service(name=f"{name} enabled {what}", service=name, enabled=True,
                         running=None)
     plan = build_plan(ctx.want, ctx.by, why=f"serve {ctx.want.stack}")
@@ -169,9 +169,9 @@ def swap(ctx: HostContext) -> None:
     if serve.will_change:  # what only the replaced stack mounted goes once it is replaced
         weights.prune(ctx, released=True)
     # Active from now on, so its stop command runs at shutdown (``ensure`` changes nothing).
-    unit_started(name=f"{hosttool.STACK_UNIT} active", unit=hosttool.STACK_UNIT)
+    unit_started(name=f"{STACK_UNIT} active", unit=STACK_UNIT)
     # After the swap (which held the host lock); restarting the supervisor never touches the stack.
-    on_change(name=f"{hosttool.SUPERVISE_UNIT} restarted (the host tool or its unit changed)",
-              commands=[f"systemctl restart {hosttool.SUPERVISE_UNIT}"],
+    on_change(name=f"{SUPERVISE_UNIT} restarted (the host tool or its unit changed)",
+              commands=[f"systemctl restart {SUPERVISE_UNIT}"],
               gates=[bundle, supervise_unit], reason="host tool and unit unchanged")
-    unit_started(name=f"{hosttool.SUPERVISE_UNIT} active", unit=hosttool.SUPERVISE_UNIT)
+    unit_started(name=f"{SUPERVISE_UNIT} active", unit=SUPERVISE_UNIT)

@@ -12,8 +12,6 @@ from typing import Any
 from pyinfra.api import FileUploadCommand
 
 from rigfleet.hostside.layout import BUNDLE_PATH, HOST
-from rigfleet.hostside.layout import STACK_UNIT as STACK_UNIT  # the units roles/swap.py installs
-from rigfleet.hostside.layout import SUPERVISE_UNIT as SUPERVISE_UNIT
 
 PYTHON = "/usr/bin/python3"
 # The probe's answer on a host the deploy has not reached yet.
