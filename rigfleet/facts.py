@@ -394,10 +394,7 @@ class DockerRuntimes(FactBase[list[str]]):
 
     @override
     def process(self, output: list[str]) -> list[str]:
-        with suppress(ValueError):
-            data = json.loads("\n".join(output))
-            return sorted(data) if isinstance(data, dict) else []
-        return []
+        return sorted(last_json("\n".join(output)) or {})
 
 
 class ImageLabels(FactBase[dict[str, str] | None]):
