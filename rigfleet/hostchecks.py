@@ -1,6 +1,5 @@
-"""The checks of host-data values, and ``Key``, the row of the host-data table. A check
-returns the checked value, or records the problem and returns None; keys are checked in table
-order, so a check may read the keys before it (``values``)::
+"""Host-data checks and ``Key``, a row of ``hostdata.KEYS``. A check returns the value, or
+records the problem and returns None; keys go in table order, so a check may read earlier ones::
 
     c = HostChecker("rig-a")
     values = c.check_keys(host.data, "gpu", KEYS)   # {"stack": "int8", ...}
