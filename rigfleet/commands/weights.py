@@ -10,7 +10,6 @@ from rigfleet.hostside.layout import HOST
 
 HF_VENV = str(HOST.hf_venv)
 FETCH_SCRIPT = str(HOST.script("rigfleet-fetch-weights.py"))
-LOCK_DIR = str(HOST.locks_dir)
 
 
 def pip_index(index_url: str | None) -> str:
@@ -37,14 +36,14 @@ def fetch(repo: str, revision: str, local_dir: str, token_file: str | None = Non
     mirror = "".join(f" --mirror {shlex.quote(m)}" for m in mirrors)
     return (f"{env}HF_HUB_DISABLE_TELEMETRY=1 {HF_VENV}/bin/python {FETCH_SCRIPT} fetch "
             f"--repo {shlex.quote(repo)} --revision {shlex.quote(revision)} "
-            f"--local-dir {shlex.quote(local_dir)} --lock-dir {LOCK_DIR}{token}{mirror}")
+            f"--local-dir {shlex.quote(local_dir)} --lock-dir {HOST.locks_dir}{token}{mirror}")
 
 
 def adopt(repo: str, revision: str, old: str, new: str) -> str:
     """Move verified pre-revision weights ``old`` to ``new`` and leave ``old`` a link to it."""
     return (f"{HF_VENV}/bin/python {FETCH_SCRIPT} adopt --repo {shlex.quote(repo)} "
             f"--revision {shlex.quote(revision)} --from {shlex.quote(old)} --to {shlex.quote(new)} "
-            f"--lock-dir {LOCK_DIR}")
+            f"--lock-dir {HOST.locks_dir}")
 
 
 def remove(paths: Sequence[str]) -> str:
