@@ -136,8 +136,7 @@ _KINDS: dict[Any, tuple[str, Callable[[str], Any]]] = {
     tuple[float, ...]: ("comma-separated numbers, e.g. 0.76,0.67,0.6",
                         lambda t: tuple(float(p) for p in t.split(",") if p.strip())),
     tuple[int, ...]: ("comma-separated integers, e.g. 8000,12000",
-                      lambda t: tuple(int(p.strip().replace("_", "")) for p in t.split(",")
-                                      if p.strip())),
+                      lambda t: tuple(int(p.replace("_", "")) for p in t.split(",") if p.strip())),
 }
 
 
