@@ -40,8 +40,7 @@ MIN_RECORDS = 3  # verified gates before a host's own history is its baseline
 def baseline_for(history: Sequence[ThroughputRecord], stack: str,
                  reference: Mapping[str, float], scale: float, n: int,
                  min_records: int = MIN_RECORDS) -> Baseline:
-    """Per shape the median of ``stack``'s last ``n`` records (``history``: oldest first),
-    else ``reference`` x ``scale``: docs/bench.md, "The gate's throughput check"."""
+    """Per shape the median of ``stack``'s last ``n`` records, else reference x scale (docs)."""
     recent = since_accepted(history, stack)[-max(n, 1):]
     accepted = any(r.source == SOURCE_ACCEPTED for r in recent)
     enough = min(max(min_records, 1), max(n, 1))
@@ -71,8 +70,7 @@ class Limits:
 
 def judge(measured: Mapping[str, ShapeFigures | None], acceptance: Sequence[float] | None,
           baseline: Baseline, limits: Limits) -> list[Finding]:
-    """Findings for a measurement (empty: it passes); figures of None: nothing measured,
-    ``acceptance`` None: unknown, not judged."""
+    """Findings (none: it passes); figures None: nothing measured; ``acceptance`` None: unknown."""
     out: list[Finding] = []
     for shape, figs in measured.items():
         if figs is None:

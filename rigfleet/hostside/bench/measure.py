@@ -60,8 +60,7 @@ DEPTH_INSTRUCTION = "Continue this history of computing in about 300 words."
 
 
 def depth_messages(salt: str, units: int) -> prompts.Messages:
-    """A fresh salt (no cached prefix stands in for the prefill), ``units`` filler paragraphs
-    (the needle checks' haystack), then the instruction."""
+    """A fresh salt (no cached prefix stands in for the prefill), ``units`` filler, the ask."""
     text = f"SESSION-{salt}. {prompts.filler(units)}\n\n{DEPTH_INSTRUCTION}"
     return [{"role": "user", "content": text}]
 
@@ -115,9 +114,8 @@ class RunResult:
 
     @property
     def decode_tok_s(self) -> float | None:
-        """The tokens after the first / the engine's own decode time (a busy client reads
-        chunks late and all at once); else the tokens after the first chunk's own / the
-        client's time from that chunk to the end (every token without continuous usage)."""
+        """Tokens after the first / the engine's decode time (a busy client reads chunks late),
+        else the tokens after the first chunk's / the client's time from that chunk to the end."""
         if self.ok and self.server_decode_s and (self.completion_tokens or 0) > 1:
             return ((self.completion_tokens or 0) - 1) / self.server_decode_s
         if not self.ok or self.first_token_s is None or self.seconds <= self.first_token_s:
@@ -167,8 +165,7 @@ class Acceptance:
 
 def decode_seconds_between(before: list[metrics.Sample] | None,
                            after: list[metrics.Sample] | None, model: str) -> float | None:
-    """The one request's decode seconds between two scrapes; None unless exactly one request
-    finished in between (another client, a balancer's other backend, no histogram)."""
+    """One request's decode seconds between two scrapes; None unless just one finished between."""
     c0, c1, s0, s1 = (metrics.total(samples, name, model_name=model)
                       for name in (metrics.DECODE_TIME_COUNT, metrics.DECODE_TIME_SUM)
                       for samples in (before, after))
@@ -349,8 +346,7 @@ class Bench:
         self.progress.note(text)
 
     def scrape_after(self, before: list[metrics.Sample] | None) -> list[metrics.Sample] | None:
-        """A scrape once the request just streamed is in the decode histogram (at most a
-        second: vLLM records it right around the last chunk)."""
+        """A scrape once the request just streamed is in the decode histogram (a second at most)."""
         n0 = metrics.total(before, metrics.DECODE_TIME_COUNT, model_name=self.result.model)
         for _ in range(50):
             now = metrics.scrape(self.client, 30)

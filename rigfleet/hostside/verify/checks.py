@@ -82,8 +82,7 @@ def _over_context(ctx: Context, res: ChatResult, prompt_tokens: int | None,
 
 def _failed(ctx: Context, out: CheckResult, res: ChatResult, where: str = "",
             prompt_tokens: int | None = None, max_tokens: int = 0) -> bool:
-    """True when ``res`` decides ``out``: an HTTP failure, or (given ``max_tokens``) a prompt
-    over max-model-len, which skips it; otherwise its health findings go on ``out``."""
+    """True if ``res`` fails or (over max-model-len) skips ``out``; else its findings go on it."""
     if max_tokens and _over_context(ctx, res, prompt_tokens, max_tokens):
         out.status = SKIP
         out.summary = f"prompt over max-model-len: {_excerpt(res.error_message(), 160)}"
@@ -127,8 +126,7 @@ def _finish(out: CheckResult, ok_summary: str = "") -> CheckResult:
 
 
 def preflight(ctx: Context, out: CheckResult) -> CheckResult:
-    """GET /health 200 (polled for health_wait_s), /v1/models lists a model, /version, and one
-    generated token. A failure here aborts the rest of the gate."""
+    """/health (polled for health_wait_s), a model, /version, one token; a failure aborts all."""
     p = ctx.profile
     deadline = time.monotonic() + p.health_wait_s
     while True:
@@ -287,8 +285,7 @@ def agent_multiturn(ctx: Context, out: CheckResult) -> CheckResult:
     if not first.tool_calls:
         return _fail(out, Finding("no_tool_call", f"turn 1 answered without calling "
                                   f"{prompts.AGENT_TOOL}", "turn 1", _excerpt(first.content)))
-    # Parallel calls are fine as long as one of them is the right tool; only that one is
-    # answered (the conversation stays a plain call -> result -> answer round trip).
+    # Parallel calls are fine if one is the right tool; only that one is answered.
     call = next((c for c in first.tool_calls
                  if (c.get("function") or {}).get("name") == prompts.AGENT_TOOL), None)
     if call is None:
@@ -341,8 +338,7 @@ def coding(ctx: Context, out: CheckResult) -> CheckResult:
 
 
 def reasoning(ctx: Context, out: CheckResult) -> CheckResult:
-    """An induction proof that needs >= reasoning_min_tokens completion tokens; fewer means
-    spec-decode acceptance collapse or an early stop."""
+    """An induction proof: under reasoning_min_tokens tokens is an AL collapse or an early stop."""
     p = ctx.profile
     msgs = [{"role": "user", "content": prompts.REASONING_REQUEST}]
     res = ctx.chat(msgs, p.reasoning_max_tokens, 0.0, p.reasoning_timeout_s)
@@ -369,9 +365,8 @@ class _Turn:
 
 
 def soak(ctx: Context, out: CheckResult) -> CheckResult:
-    """Concurrent multi-turn sessions that accumulate context (club-3090 soak-test); fails on
-    silent-empty (200, 0 tokens, >= soak_silent_empty_min_s) or unhealthy turns at/above
-    soak_fail_rate, any non-200 or stream error, turns unsent when soak_timeout_s runs out."""
+    """Concurrent multi-turn sessions of growing context (club-3090 soak-test); fails on a turn
+    error, turns unsent by soak_timeout_s, or silent-empty/unhealthy turns >= soak_fail_rate."""
     p = ctx.profile
     deadline = time.monotonic() + p.soak_timeout_s
     turns: list[_Turn] = []
@@ -420,7 +415,6 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
         median_ttft_s=round(statistics.median(ttfts), 3) if ttfts else None,
         median_turn_s=round(statistics.median(t.res.seconds for t in turns), 3) if turns else None,
         max_prompt_tokens=max(contexts) if contexts else None,
-        # club-3090's soak levels, for comparison: >= 50 % silent-empty FAIL, 1-49 % WARN.
         reference_levels={"warn": "1-49% silent-empty", "fail": ">=50% silent-empty"},
     )
     out.findings += [Finding("turn_error", f"HTTP {t.res.status}: {t.res.error_message()[:200]}",
@@ -500,8 +494,7 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
 
 
 def throughput(ctx: Context, out: CheckResult) -> CheckResult:
-    """Decode speed against the host's baseline, its CV, MTP acceptance per draft position; the
-    record goes to ``ctx.throughput_record`` for the runner to write."""
+    """Decode speed, CV and MTP acceptance against the baseline; sets ``ctx.throughput_record``."""
     p = ctx.profile
     bench = Bench(ctx.client, BenchSettings(runs=p.throughput_runs, warmup=p.throughput_warmup,
                                             timeout_s=p.throughput_timeout_s),

@@ -276,8 +276,7 @@ def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
 
 
 def check_ca_file(ca_file: str | None = None) -> None:
-    """``ValueError`` naming the file when ``ca_file`` (else ``$RIGFLEET_CA_FILE``) cannot be
-    loaded as trusted certificates (a ``Client`` would raise ``OSError`` for it)."""
+    """ValueError when ``ca_file`` (else ``$RIGFLEET_CA_FILE``) is no loadable certificate file."""
     path = ca_file or os.environ.get(CA_FILE_ENV) or None
     if not path:
         return

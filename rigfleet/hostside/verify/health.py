@@ -111,8 +111,7 @@ def detect_repeated_line(text: str, prof: Profile) -> Finding | None:
 
 
 def detect_low_variety(text: str, prof: Profile) -> Finding | None:
-    """Unique/total of the first ``health_lexical_window`` words of prose (code and math left
-    out) below ``health_lexical_min``: verify-full's rule."""
+    """Unique/total of the first words of prose below ``health_lexical_min`` (verify-full's)."""
     words = [w.lower() for w in _WORD.findall(_prose(text[:50_000]))][: prof.health_lexical_window]
     if len(words) < prof.health_lexical_min_words:
         return None  # a short answer ("blue tiger 42") says nothing about variety

@@ -20,8 +20,7 @@ SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-# vLLM's per-request decode phase, first to last token on the engine's clock
-# (vllm/v1/metrics: request_decode_time_seconds, last_token_ts - first_token_ts).
+# vLLM's per-request decode phase: first to last token on the engine's clock (vllm/v1/metrics).
 DECODE_TIME_SUM = "vllm:request_decode_time_seconds_sum"
 DECODE_TIME_COUNT = "vllm:request_decode_time_seconds_count"
 

@@ -83,8 +83,7 @@ def new_secret() -> tuple[str, str]:
 
 
 def recalled(secret: str, answer: str) -> bool:
-    """verify-stress's rule: every whitespace-separated token of the secret appears in the
-    answer, case-insensitively (``grep -iF`` per token)."""
+    """verify-stress's rule: each word of the secret is in the answer (``grep -iF`` per word)."""
     low = answer.lower()
     return all(tok.lower() in low for tok in secret.split())
 
@@ -94,8 +93,7 @@ def filler(units: int, offset: int = 0) -> str:
 
 
 def needle_messages(secret: str, salt: str, units: int, position: float) -> Messages:
-    """The NIAH user message: salt (no cached prefix stands in for reading), filler, the
-    needle at ``position`` (0..1) of the filler, more filler, the question."""
+    """The NIAH message: salt (no cached prefix answers), filler, the needle at ``position``."""
     before = round(units * position)
     parts = (f"SESSION-{salt}.", filler(before), NEEDLE.format(secret=secret),
              filler(units - before, offset=before))
@@ -376,8 +374,7 @@ SOAK_TOPICS = ("how a hash map handles collisions", "why databases use write-ahe
                "what makes a good unit test", "how DNS resolution works",
                "why floating point arithmetic is inexact", "how load balancers pick a backend",
                "what a mutex protects against")
-# Open-ended asks, so every answer runs towards its max_tokens and the context of a session
-# keeps growing turn after turn (the soak's point: long-lived sessions, not one-liners).
+# Open-ended asks: each answer runs towards its max_tokens, so a session's context keeps growing.
 SOAK_FOLLOW_UPS = ("Go deeper: explain the internals step by step, with a worked example.",
                    "Write a short code example that illustrates it and explain each part.",
                    "Describe the common failure modes in detail and how to debug each one.",
