@@ -210,13 +210,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 def read_api_key(spec: str) -> str:
     """The key from a file, or from stdin for ``-``; surrounding whitespace is dropped."""
-    if spec == "-":
-        key = sys.stdin.readline()
-    else:
-        try:
-            key = Path(spec).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"cannot read --api-key-file {spec}: {exc.strerror}") from None
+    try:
+        key = sys.stdin.readline() if spec == "-" else Path(spec).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read --api-key-file {spec}: {exc.strerror}") from None
     key = key.strip()
     if not key:
         raise ValueError(f"--api-key-file {spec}: empty")
