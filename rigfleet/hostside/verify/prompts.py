@@ -1,6 +1,5 @@
-"""Prompt material for the checks, request bodies (thinking off), and sizing prompts in the
-server's own tokens: the server counts a prompt of some filler units (``/tokenize``, else
-1-token completions) and the unit count is corrected until it lands within the tolerance::
+"""Prompt material for the checks, request bodies (thinking off), and prompts sized in the
+server's own tokens (``/tokenize``, else 1-token completions) to within a tolerance::
 
     sizer = server_sizer(client, "qwen3.6-27b-autoround", 30, chat_timeout=300, note=print)
     sized = sizer.fit("needle", partial(needle_messages, s, salt, position=0.4), 8000)
