@@ -276,7 +276,7 @@ def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
 
 
 def check_ca_file(ca_file: str | None = None) -> None:
-    """ValueError when ``ca_file`` (else ``$RIGFLEET_CA_FILE``) is no loadable certificate file."""
+    """ValueError (a Client: OSError) when ``ca_file`` (else ``$RIGFLEET_CA_FILE``) cannot load."""
     path = ca_file or os.environ.get(CA_FILE_ENV) or None
     if not path:
         return

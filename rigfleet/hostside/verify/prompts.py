@@ -92,7 +92,7 @@ def filler(units: int, offset: int = 0) -> str:
 
 
 def needle_messages(secret: str, salt: str, units: int, position: float) -> Messages:
-    """The NIAH message: salt (no cached prefix answers), filler, the needle at ``position``."""
+    """The NIAH message: salt (no cached prefix answers), filler, needle at ``position`` (0..1)."""
     before = round(units * position)
     parts = (f"SESSION-{salt}.", filler(before), NEEDLE.format(secret=secret),
              filler(units - before, offset=before))

@@ -82,8 +82,7 @@ def run(url: str, profile: Profile, api_key: str | None = None,
         only: list[str] | None = None, report_dir: Path | None = None,
         progress: ConsoleProgress | None = None,
         ca_file: str | None = None) -> tuple[Report, tuple[Path, Path] | None]:
-    """Run the gate; returns the report and, with ``report_dir``, the paths written
-    (``ca_file``: what https:// trusts, else ``$RIGFLEET_CA_FILE``)."""
+    """Runs the gate: the report and the paths written (None without ``report_dir``)."""
     progress = progress or ConsoleProgress(None)
     t0 = time.monotonic()
     rep = Report(url=redact_url(url), profile=profile.name, overrides=dict(profile.overrides),
