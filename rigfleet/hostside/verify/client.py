@@ -46,8 +46,7 @@ class HttpResult:
         """vLLM/OpenAI's ``{"error": {"message": ...}}`` (or the transport error)."""
         if self.error:
             return self.error
-        data = self.json()
-        if isinstance(data, dict):
+        if isinstance(data := self.json(), dict):
             err = data.get("error", data.get("detail"))
             if isinstance(err, dict):
                 return str(err.get("message") or err)
@@ -222,8 +221,7 @@ class Client:
                     out.error = "stream error: " + str(
                         err.get("message") if isinstance(err, dict) else err)
                     break
-                usage = event.get("usage")
-                if isinstance(usage, dict):
+                if isinstance(usage := event.get("usage"), dict):
                     out.usage = usage
                 try:
                     self._read_choices(out, event, calls, content, reasoning, t0)
