@@ -83,8 +83,7 @@ def new_secret() -> tuple[str, str]:
 
 def recalled(secret: str, answer: str) -> bool:
     """verify-stress's rule: each word of the secret is in the answer (``grep -iF`` per word)."""
-    low = answer.lower()
-    return all(tok.lower() in low for tok in secret.split())
+    return all(tok.lower() in answer.lower() for tok in secret.split())
 
 
 def filler(units: int, offset: int = 0) -> str:
