@@ -1,5 +1,6 @@
-"""Gate profiles (``FULL``, ``FAST``: docs/bench.md): every threshold, prompt size, timeout and
-count the checks use; bad names or values raise :class:`ProfileError`::
+"""Gate profiles: every threshold, prompt size, timeout and count the checks use. ``FULL``
+follows club-3090's numbers for dual-3090 rigs, ``FAST`` keeps the checks at testbed sizes; bad
+names or values raise :class:`ProfileError` before any request is sent::
 
     prof = resolve("fast", ["needle_depths=8000,12000", "soak_sessions=4"])
 """
