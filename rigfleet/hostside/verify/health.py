@@ -69,10 +69,9 @@ def detect_punctuation_flood(text: str, prof: Profile) -> Finding | None:
     # Table rows (mostly cells and separators by design) and markup do not count.
     chars = [ch for line in prose.splitlines() if not line.lstrip().startswith("|")
              for ch in line if not ch.isspace() and ch not in _MARKUP]
-    other = sum(ch.isalnum() for ch in chars)
     punct = sum(not ch.isalnum() and (unicodedata.category(ch).startswith("P") or ch in "$%^&@")
                 for ch in chars)
-    counted = punct + other
+    counted = punct + sum(ch.isalnum() for ch in chars)
     if counted >= prof.health_punct_min_chars and punct / counted > prof.health_punct_ratio:
         return Finding("punctuation_flood", f"{punct / counted:.0%} of the text is punctuation "
                        f"(limit {prof.health_punct_ratio:.0%})", evidence=_excerpt(prose))
