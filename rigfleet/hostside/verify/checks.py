@@ -126,7 +126,7 @@ def _finish(out: CheckResult, ok_summary: str = "") -> CheckResult:
 
 
 def preflight(ctx: Context, out: CheckResult) -> CheckResult:
-    """/health (polled for health_wait_s), a model, /version, one token; a failure aborts all."""
+    """/health (polled health_wait_s), a model, /version, one token; failing skips the rest."""
     p = ctx.profile
     deadline = time.monotonic() + p.health_wait_s
     while True:
