@@ -204,8 +204,7 @@ def _needles(ctx: Context, out: CheckResult, depths: tuple[int, ...]) -> CheckRe
     skipped = [str(a["depth_tokens"]) for a in attempts if a["outcome"] == "skipped"]
     if len(skipped) == len(attempts):
         out.status = SKIP
-        out.summary = f"all depths over max-model-len ({', '.join(skipped)} tokens)"
-        return out
+        return _finish(out, f"all depths over max-model-len ({', '.join(skipped)} tokens)")
     desc = ", ".join(f"{a['depth_tokens']}: {a['outcome']}" for a in attempts)
     if out.findings:
         out.summary = "; ".join(
@@ -457,9 +456,8 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
     after = metrics.scrape(ctx.client, p.preflight_timeout_s)
     if after is None or metrics.total(after, metrics.SPEC_DRAFTS, model_name=ctx.model) is None:
         out.status = SKIP
-        out.summary = ("no /metrics" if after is None else
+        return _finish(out, "no /metrics" if after is None else
                        f"no {metrics.SPEC_DRAFTS} in /metrics (MTP off or --disable-log-stats)")
-        return out
     if probed := (delta(metrics.SPEC_DRAFTS) < p.spec_min_drafts):
         # Too little of our own traffic (e.g. --only spec_decode): verify-full's probe.
         msgs = [{"role": "user", "content": prompts.SPEC_PROBE_REQUEST}]
