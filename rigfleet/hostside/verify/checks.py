@@ -126,7 +126,7 @@ def _finish(out: CheckResult, ok_summary: str = "") -> CheckResult:
 
 
 def preflight(ctx: Context, out: CheckResult) -> CheckResult:
-    """/health (polled health_wait_s), a model, /version, one token; failing skips the rest."""
+    """/health (polled for health_wait_s), a model, /version, a token; a failure skips the rest."""
     p = ctx.profile
     deadline = time.monotonic() + p.health_wait_s
     while True:
@@ -156,9 +156,8 @@ def preflight(ctx: Context, out: CheckResult) -> CheckResult:
     if not warm.ok:
         found = _http_finding(warm, "warm-up")
         return _fail(out, found, f"warm-up completion failed: {found.message}")
-    out.summary = (f"model {ctx.model}, version {ctx.version or '?'}, max_model_len "
-                   f"{ctx.max_model_len or '?'}")
-    return out
+    return _finish(out, f"model {ctx.model}, version {ctx.version or '?'}, max_model_len "
+                        f"{ctx.max_model_len or '?'}")
 
 
 def _needles(ctx: Context, out: CheckResult, depths: tuple[int, ...]) -> CheckResult:
