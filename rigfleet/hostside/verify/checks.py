@@ -327,11 +327,10 @@ def coding(ctx: Context, out: CheckResult) -> CheckResult:
     out.details.update(_attempt(res))
     if _failed(ctx, out, res):
         return _finish(out)
-    text = res.content
-    out.details["answer"] = _excerpt(text, 160)
-    if text.strip() and not any(m in text for m in ("```", "def ", "return ")):
+    out.details["answer"] = _excerpt(res.content, 160)
+    if res.content.strip() and not any(m in res.content for m in ("```", "def ", "return ")):
         out.findings.append(Finding("no_code", "the answer contains no code", "content",
-                                    _excerpt(text)))
+                                    _excerpt(res.content)))
     return _finish(out, f"{res.completion_tokens} tokens, finish {res.finish_reason}")
 
 
@@ -473,8 +472,7 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
     if acc is None:  # drafts <= 0
         return _fail(out, Finding("no_drafts", "spec-decode counters exist but did not move "
                                                "during the gate's traffic"))
-    al = acc.length
-    out.details["mean_acceptance_length"] = round(al, 3)
+    out.details["mean_acceptance_length"] = round(acc.length, 3)
     if acc.rate is not None:
         out.details["acceptance_rate"] = round(acc.rate, 4)
         if acc.rate >= 0.995:
@@ -483,11 +481,11 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
                                        "(see the needle checks)"]
     if acc.per_position:
         out.details["per_position"] = [round(x, 3) for x in acc.per_position]
-    if al < p.spec_min_acceptance_length:
+    if acc.length < p.spec_min_acceptance_length:
         out.findings.append(Finding(
-            "low_acceptance", f"mean acceptance length {al:.2f} < "
+            "low_acceptance", f"mean acceptance length {acc.length:.2f} < "
                               f"{p.spec_min_acceptance_length:.2f} over {int(drafts)} drafts"))
-    return _finish(out, f"mean acceptance length {al:.2f} over {int(drafts)} drafts")
+    return _finish(out, f"mean acceptance length {acc.length:.2f} over {int(drafts)} drafts")
 
 
 def throughput(ctx: Context, out: CheckResult) -> CheckResult:
