@@ -117,11 +117,10 @@ def _fail(out: CheckResult, finding: Finding, summary: str = "") -> CheckResult:
 
 
 def _finish(out: CheckResult, ok_summary: str = "") -> CheckResult:
-    found = out.findings
-    out.status = SKIP if out.status == SKIP else FAIL if found else PASS
+    out.status = SKIP if out.status == SKIP else FAIL if out.findings else PASS
     if not out.summary:
-        out.summary = (", ".join(sorted({f.name for f in found})) if len(found) > 2
-                       else "; ".join(f.message for f in found) or ok_summary)
+        out.summary = (", ".join(sorted({f.name for f in out.findings})) if len(out.findings) > 2
+                       else "; ".join(f.message for f in out.findings) or ok_summary)
     return out
 
 
@@ -445,10 +444,9 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
     """Mean acceptance length 1 + Δaccepted/Δdrafts since preflight's scrape; skipped without
     spec-decode counters (MTP off, or --disable-log-stats)."""
     p = ctx.profile
-    before = ctx.metrics_before
 
     def delta(name: str) -> float:
-        return metrics.delta(before, after, name, model_name=ctx.model)
+        return metrics.delta(ctx.metrics_before, after, name, model_name=ctx.model)
 
     time.sleep(p.spec_settle_s)
     after = metrics.scrape(ctx.client, p.preflight_timeout_s)
@@ -467,8 +465,8 @@ def spec_decode(ctx: Context, out: CheckResult) -> CheckResult:
     drafts, accepted = delta(metrics.SPEC_DRAFTS), delta(metrics.SPEC_ACCEPTED)
     out.details.update(drafts=int(drafts), accepted_tokens=int(accepted), probed=probed,
                        min_acceptance_length=p.spec_min_acceptance_length,
-                       baseline_scraped=before is not None)
-    acc = acceptance_between(before or [], after, ctx.model)[0]
+                       baseline_scraped=ctx.metrics_before is not None)
+    acc = acceptance_between(ctx.metrics_before or [], after, ctx.model)[0]
     if acc is None:  # drafts <= 0
         return _fail(out, Finding("no_drafts", "spec-decode counters exist but did not move "
                                                "during the gate's traffic"))
