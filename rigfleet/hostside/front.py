@@ -128,6 +128,8 @@ class Front:
         if rc != 0:
             self._restore(old)
             raise FrontError(f"nginx -t refused route {route_id}: {out.strip()[-400:]}")
+        master = self._master() if wait else ""
+        before = self._accepting(master)
         rc, out = self.run(["systemctl", "reload", "nginx"], 30.0)
         if rc != 0:
             # systemd refuses new jobs while the machine shuts down: signal nginx directly.
@@ -139,21 +141,39 @@ class Front:
             self.run(["systemctl", "reload", "nginx"], 30.0)
             raise FrontError(f"nginx reload failed for route {route_id}: {out.strip()[-400:]}")
         if wait:
-            self._wait_for(route_id)
+            self._wait_for(route_id, master, before)
 
-    def _wait_for(self, route_id: str) -> None:
-        """Until ``GET /v1/models`` through the front shows ``route_id`` in its route header."""
+    def _master(self) -> str:
+        rc, out = self.run(["systemctl", "show", "--value", "-p", "MainPID", "nginx"], 10.0)
+        return out.strip() if rc == 0 and out.strip().isdigit() and int(out) > 0 else ""
+
+    def _accepting(self, master: str) -> set[str]:
+        """PIDs of the master's workers that still take new connections: a reload's graceful
+        quit retitles a worker "... is shutting down" as it closes its listening sockets, and
+        until then it answers new connections with the old route."""
+        if not master:
+            return set()
+        rc, out = self.run(["pgrep", "-P", master, "-f", "^nginx: worker process[[:space:]]*$"],
+                           10.0)
+        return set(out.split()) if rc == 0 else set()
+
+    def _wait_for(self, route_id: str, master: str, before: set[str]) -> None:
+        """Until ``GET /v1/models`` through the front shows ``route_id`` in its route header
+        and no worker from before the reload takes new connections."""
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         deadline = time.monotonic() + self.settle_s
         while True:
             status, got, _ = self.http("GET", f"http://127.0.0.1:{self.port}/v1/models",
                                        headers, None, 5.0)
             seen = {k.lower(): v for k, v in got.items()}.get(ROUTE_HEADER.lower())
-            if seen == route_id:
+            stale = before & self._accepting(master) if seen == route_id else set()
+            if seen == route_id and not stale:
                 return
             if time.monotonic() > deadline:
-                raise FrontError(f"the front still answers {status} route {seen!r} "
-                                 f"{self.settle_s:g}s after switching to {route_id!r}")
+                what = (f"nginx workers {' '.join(sorted(stale))} from before the reload still "
+                        "take connections" if stale else
+                        f"the front still answers {status} route {seen!r}")
+                raise FrontError(f"{what} {self.settle_s:g}s after switching to {route_id!r}")
             self.sleep(0.2)
 
     def _restore(self, old: str | None) -> None:

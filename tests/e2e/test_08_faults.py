@@ -263,8 +263,9 @@ def test_the_host_tool_killed_mid_swap_leaves_the_verified_stack_serving(fleet, 
     # The host ends serving its verified stack (the supervisor recreates it from its snapshot).
     wait_for(lambda: _route_or_none(host, key) == before_route, 240,
              f"{host.name} to serve {before_route} again")
-    # A graceful nginx reload lets an old worker accept a connection until it takes its QUIT:
-    # right after the reroute one request may still get the old 503 (seen on a loaded machine).
+    # The test sees the route from the first new nginx worker while the supervisor's switch may
+    # still wait for an old one to stop taking connections (Front._wait_for): one more request
+    # may get the old 503 (seen on a loaded machine).
     wait_for(lambda: _chat_or_none(host, key) == 200, 10, f"{host.name} to answer a chat")
     assert status(host)["route"] == before_route
     # The killed transaction got its result and its ledger line (mark_interrupted).

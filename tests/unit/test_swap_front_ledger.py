@@ -33,17 +33,30 @@ def lay(tmp_path) -> Layout:
 class Nginx:
     """``nginx -t`` / reload and the front's answers, as the route file says."""
 
-    def __init__(self, lay: Layout, test_ok: bool = True, lag: int = 0) -> None:
+    def __init__(self, lay: Layout, test_ok: bool = True, lag: int = 0, stale: int = 0) -> None:
         self.lay, self.test_ok, self.lag = lay, test_ok, lag
         self.commands: list[list[str]] = []
         self.live: str | None = None
         self.polls = 0
+        # Worker PIDs taking connections; a reload starts one and the old one stops taking
+        # connections after ``stale`` more listings.
+        self.workers, self.stale = ["101"], stale
 
     def run(self, argv: list[str], timeout: float) -> tuple[int, str]:
         self.commands.append(argv)
         if argv[:2] == ["nginx", "-t"]:
             return (0, "") if self.test_ok else (1, "nginx: [emerg] unexpected end of file")
+        if argv[:2] == ["systemctl", "show"]:
+            return 0, "100\n"
+        if argv[0] == "pgrep":
+            assert argv[1:3] == ["-P", "100"]
+            if len(self.workers) > 1:
+                if self.stale <= 0:
+                    self.workers = self.workers[1:]
+                self.stale -= 1
+            return 0, "\n".join(self.workers)
         self.live = route(self.lay.front_route)
+        self.workers.append(str(int(self.workers[-1]) + 1))
         return 0, ""
 
     def http(self, method, url, headers, body, timeout):
@@ -99,11 +112,23 @@ def test_switch_tests_reloads_and_waits_until_the_front_shows_the_route(lay):
     ref = make_ref(lay, "int8", "1111aaaa2222bbbb")
     f.serve(ref)
     assert f.current() == "int8/1111aaaa2222bbbb"
-    assert nginx.commands[:2] == [["nginx", "-t", "-q"], ["systemctl", "reload", "nginx"]]
+    assert nginx.commands[0] == ["nginx", "-t", "-q"]
+    assert ["systemctl", "reload", "nginx"] in nginx.commands
     assert nginx.polls == 4  # waited through the lag
     polls = nginx.polls
     f.maintenance("swap", 30)  # returns once the front answers 503 on the maintenance route
     assert f.current() == nginx.live == MAINTENANCE and nginx.polls == polls + 1
+
+
+def test_a_switch_waits_until_no_worker_from_before_the_reload_takes_connections(lay):
+    nginx = Nginx(lay, stale=3)  # the new route answers at once; the old worker lingers
+    ref = make_ref(lay, "int8", "1111aaaa2222bbbb")
+    front(lay, nginx).serve(ref)
+    assert nginx.polls == 4 and nginx.workers == ["102"]
+    lingering = Nginx(lay, stale=10**6)
+    with pytest.raises(FrontError, match="nginx workers 101 from before the reload still take"):
+        Front(lay, 8000, lingering.run, lingering.http, api_key="k3y", settle_s=0.01,
+              sleep=lambda s: None).maintenance("x", 1)
 
 
 def test_a_route_nginx_refuses_is_put_back(lay):
