@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from rigfleet.catalog import StackSpec
 
 MARKER = "RIGFLEET-VLLM-ARGS "
+# docker's words when its runtime could not start the container at all. A loaded host's runc
+# fails so now and then ("read init-p: connection reset by peer"): the check is asked again.
+START_FAILED = "OCI runtime create failed"
 
 # Runs inside the image. make_arg_parser: vllm.entrypoints.launchers.cli_args from vLLM 0.29,
 # vllm.entrypoints.openai.cli_args before; FlexibleArgumentParser: vllm.utils in older releases.
@@ -78,6 +81,12 @@ def check_command(image: str, argv: Sequence[str], env_names: Iterable[str]) -> 
     return shlex.join(["docker", "run", "--rm", "--pull", "never", "--network", "none",
                        "--entrypoint", "python3", "-e", "NVIDIA_VISIBLE_DEVICES=void", image,
                        "-c", CHECK_SCRIPT, names, *argv])
+
+
+def start_failed(ok: bool, stdout: Sequence[str], stderr: Sequence[str]) -> bool:
+    """Whether docker could not start the check's container (no answer from vLLM at all)."""
+    return not ok and not any(ln.startswith(MARKER) for ln in stdout) and \
+        any(START_FAILED in ln for ln in [*stdout, *stderr])
 
 
 def parse_output(ok: bool, stdout: Sequence[str], stderr: Sequence[str]) -> Verdict:

@@ -14,7 +14,7 @@ from rigfleet.compose import SERVICE
 from rigfleet.desired import DesiredStack
 from rigfleet.facts import FileDigest, read_fact, read_paths
 from rigfleet.hostside.layout import HOST
-from rigfleet.vllmargs import check_command, parse_output, refusal
+from rigfleet.vllmargs import check_command, parse_output, refusal, start_failed
 from roles.ops import Secret, check, on_change, root_dir, root_put, run_on_host, secret_file
 from roles.preflight import HostContext
 
@@ -56,4 +56,7 @@ def vllm_args_refusal(staged: DesiredStack) -> str | None:
     image = staged.pins.image
     cmd = check_command(image, [str(a).replace("$$", "$") for a in service["command"]],
                         service.get("environment") or {})
-    return refusal(parse_output(*run_on_host(cmd)), staged.spec, image)
+    answer = run_on_host(cmd)
+    if start_failed(*answer):  # the container never started: once more before refusing
+        answer = run_on_host(cmd)
+    return refusal(parse_output(*answer), staged.spec, image)

@@ -90,3 +90,26 @@ def test_the_role_asks_the_pinned_image_only_for_a_compose_file_it_would_change(
     # The exact command line of the compose file ('$$' back to '$'), this PINS' local_dir.
     assert words[i + 4:] == staged.spec.command("qwen3.6-27b-autoround-int4")
     assert set(json.loads(words[i + 3])) == set(staged.spec.environment())
+
+
+def test_the_role_asks_again_once_when_docker_could_not_start_the_check(tmp_path, monkeypatch):
+    from test_swap_plan import desired
+
+    import roles.stacks as role
+
+    staged = desired(tmp_path, stack="int8").current
+    runc = ("docker: Error response from daemon: failed to create task for container: failed to "
+            "create shim task: OCI runtime create failed: runc create failed: unable to start "
+            "container process: waiting for init preliminary setup: read init-p: connection "
+            "reset by peer: unknown.")
+    good = MARKER + json.dumps({"version": "0.27.1", "rc": 0})
+    answers = [(False, [], [runc]), (True, [good], [])]
+    monkeypatch.setattr(role, "read_fact", lambda fact, path: None)
+    monkeypatch.setattr(role, "run_on_host", lambda cmd: answers.pop(0))
+    assert role.vllm_args_refusal(staged) is None and answers == []
+
+    answers = [(False, [], [runc])] * 3  # a runtime that keeps failing is reported, not looped
+    text = role.vllm_args_refusal(staged)
+    assert text is not None and "read init-p" in text and len(answers) == 1
+    answers = [(False, [], ["python3: not found"])] * 2  # anything else is not asked again
+    assert "could not be checked" in (role.vllm_args_refusal(staged) or "") and len(answers) == 1
