@@ -10,12 +10,14 @@ from __future__ import annotations
 import gzip
 import hashlib
 import http.client
+import lzma
 import re
 import shutil
 import subprocess
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -185,6 +187,12 @@ def parse_packages(text: str) -> dict[str, list[str]]:
     return found
 
 
+# The package lists a repository may list in its signed index, in the order they are fetched:
+# Debian's own archive publishes only ``Packages.xz``.
+_LISTS: dict[str, Callable[[bytes], bytes]] = {
+    "Packages.gz": gzip.decompress, "Packages": bytes, "Packages.xz": lzma.decompress}
+
+
 def read_index(repo: AptRepo, policy: str = "gpgv", timeout: float = 15.0) -> AptIndex:
     """Verify ``repo``'s index (placeholders already filled) and read its packages."""
     base = dist_url(repo)
@@ -194,14 +202,15 @@ def read_index(repo: AptRepo, policy: str = "gpgv", timeout: float = 15.0) -> Ap
     dirs = [""] if repo.flat else [f"{c}/binary-{a}/" for c in repo.components
                                    for a in (ARCH, "all")]
     for d in dirs:
-        rel = next((r for r in (f"{d}Packages.gz", f"{d}Packages") if r in hashes), None)
-        if rel is None:
+        name = next((n for n in _LISTS if f"{d}{n}" in hashes), None)
+        if name is None:
             continue
+        rel = f"{d}{name}"
         body = _get(f"{base}/{rel}", timeout)
         if hashlib.sha256(body).hexdigest() != hashes[rel]:
             raise AptIndexError(f"{base}/{rel}: its SHA256 is not the one the signed "
                                 "index lists (a mirror mid-update?)")
-        text = gzip.decompress(body) if rel.endswith(".gz") else body
+        text = _LISTS[name](body)
         for pkg, versions in parse_packages(text.decode("utf-8", "replace")).items():
             index.packages.setdefault(pkg, []).extend(versions)
     return index

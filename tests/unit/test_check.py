@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
+import lzma
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -46,7 +47,12 @@ def _gpg(home: Path, *args: str) -> None:
                     *args], check=True, capture_output=True)
 
 
-def make_repo(root: Path, name: str, packages: dict[str, list[str]], sha1: bool = False) -> str:
+LISTS = {"Packages": bytes, "Packages.gz": lambda b: gzip.compress(b, mtime=0),
+         "Packages.xz": lzma.compress}
+
+
+def make_repo(root: Path, name: str, packages: dict[str, list[str]], sha1: bool = False,
+              lists: tuple[str, ...] = ("Packages", "Packages.gz")) -> str:
     """A signed repository at ``root/<name>`` (suite ``stable``, component ``main``), its key
     at ``root/<name>.asc``; returns the key's fingerprint."""
     home = root / f"{name}-gnupg"
@@ -63,11 +69,10 @@ def make_repo(root: Path, name: str, packages: dict[str, list[str]], sha1: bool 
     binary.mkdir(parents=True)
     text = "\n".join(f"Package: {p}\nVersion: {v}\nArchitecture: amd64\n"
                      for p, versions in packages.items() for v in versions)
-    (binary / "Packages").write_text(text)
-    (binary / "Packages.gz").write_bytes(gzip.compress(text.encode(), mtime=0))
+    for n in lists:
+        (binary / n).write_bytes(LISTS[n](text.encode()))
     lines = [f" {hashlib.sha256((binary / n).read_bytes()).hexdigest()} "
-             f"{(binary / n).stat().st_size} main/binary-amd64/{n}"
-             for n in ("Packages", "Packages.gz")]
+             f"{(binary / n).stat().st_size} main/binary-amd64/{n}" for n in lists]
     (dist / "Release").write_text("Origin: test\nSuite: stable\nSHA256:\n" + "\n".join(lines)
                                   + "\n")
     _gpg(home, "--digest-algo", "SHA512", "--clearsign", "--output", str(dist / "InRelease"),
@@ -87,6 +92,7 @@ def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, d
                                        **{p: ["1.17.8-1"] for p in TOOLKIT}}),
         "old": make_repo(root, "old", {p: ["580.105.08-1", "590.44.01-1"] for p in DRIVER},
                          sha1=True),
+        "xz": make_repo(root, "xz", {"nvidia-smi": ["590.44.01-1"]}, lists=("Packages.xz",)),
     }
     handler = functools.partial(SimpleHTTPRequestHandler, directory=str(root))
     handler.log_message = lambda *a: None  # type: ignore[method-assign]
@@ -109,6 +115,10 @@ def test_a_signed_index_is_read_with_its_key(web) -> None:
     index = read_index(repo(web, "old"))
     assert index.versions("nvidia-driver-cuda") == ["580.105.08-1", "590.44.01-1"]
     assert index.verifier == "gpgv"
+
+
+def test_an_index_that_lists_only_packages_xz_is_read(web) -> None:
+    assert read_index(repo(web, "xz")).versions("nvidia-smi") == ["590.44.01-1"]
 
 
 def test_the_key_must_carry_the_configured_fingerprint(web) -> None:
