@@ -26,7 +26,8 @@ from rigfleet.inventory import InventoryError, InventoryHost
 
 DEFAULT_INVENTORY = "inventory/home.py"
 EXIT_USAGE = 2
-console = Console(stderr=True, highlight=False)
+# soft_wrap: a message is one line however long (a path is never broken for the width).
+console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class UsageError(RigfleetError, ValueError):

@@ -14,7 +14,7 @@ import pytest
 
 from rigfleet import __version__
 from rigfleet.cli import build_parser, main
-from rigfleet.cliargs import UsageError, confirm, select
+from rigfleet.cliargs import UsageError, confirm, run_command, select
 from rigfleet.inventory import InventoryError, InventoryHost, load_inventory
 
 
@@ -138,6 +138,16 @@ def test_limit_takes_hosts_and_groups_in_inventory_order():
     with pytest.raises(UsageError, match=r"inv.py: --limit: zz; allowed: a host \(a, b, c\) "
                                          r"or a group \(canary, rest\)"):
         select(hosts, ["zz"], "inv.py")
+
+
+def test_an_error_is_one_line_however_long_so_a_path_in_it_is_never_broken(capsys):
+    path = "/srv/" + "a-very-long-directory-name/" * 6 + "saved.tar"
+
+    def fails(args: argparse.Namespace) -> int:
+        raise UsageError(f"--to {path}: File exists; allowed: a directory")
+
+    assert run_command(argparse.Namespace(func=fails)) == 2
+    assert capsys.readouterr().err == f"error: --to {path}: File exists; allowed: a directory\n"
 
 
 def test_confirm_refuses_without_a_terminal_naming_yes(monkeypatch):
