@@ -58,10 +58,10 @@ def draining_workers(proc: Path = Path("/proc")) -> int | None:
         pids = [entry for entry in proc.iterdir() if entry.name.isdigit()]
     except OSError:
         return None
-    return sum(_cmdline(pid).startswith(NGINX_DRAINING_TITLE.encode()) for pid in pids)
+    return sum(cmdline(pid).startswith(NGINX_DRAINING_TITLE.encode()) for pid in pids)
 
 
-def _cmdline(pid: Path) -> bytes:
+def cmdline(pid: Path) -> bytes:
     """A process's command line (empty when it is gone meanwhile, or not ours to read)."""
     try:
         return (pid / "cmdline").read_bytes().replace(b"\0", b" ").strip()

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .drain import cmdline
 from .stackctl import run
 
 # apt's and dpkg's locks, in the order apt takes them.
@@ -145,12 +146,5 @@ def holders(path: Path) -> str:
                     if os.readlink(fd) == str(path):
                         pids.add(int(proc.name))
                         break
-    return ", ".join(f"pid {pid} ({_cmdline(pid)})" for pid in sorted(pids))
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return "gone"
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:120] or "?"
+    said = {pid: cmdline(Path(f"/proc/{pid}")).decode(errors="replace") for pid in sorted(pids)}
+    return ", ".join(f"pid {pid} ({line[:120] or 'gone'})" for pid, line in said.items())
