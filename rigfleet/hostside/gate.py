@@ -103,20 +103,17 @@ def run_gate(run: GateRun, on_line: Callable[[str], None] = lambda _: None,
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     why = ""  # set when it is ended here
-    while proc.poll() is None:
-        if time.monotonic() - t0 > run.timeout_s:
-            why = f"timed out after {run.timeout_s:g}s"
-        elif should_stop():
-            why = "stopped (the transaction was interrupted)"
-        if why:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            break
+    while proc.poll() is None and not why:
+        why = (f"timed out after {run.timeout_s:g}s" if time.monotonic() - t0 > run.timeout_s
+               else "stopped (the transaction was interrupted)" if should_stop() else "")
         time.sleep(0.2)
+    if why:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
     reader.join(5)
     status = proc.returncode
     seconds = time.monotonic() - t0
