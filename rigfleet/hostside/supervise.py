@@ -204,17 +204,6 @@ def moved(rec: Record, state: str, reason: str, now: float, **changes: Any) -> R
     return replace(rec, state=state, reason=reason, since=since, **changes)
 
 
-def _cause(how: str, log: str, known: tuple[tuple[str, str, str, str], ...] = ()
-           ) -> tuple[str, dict[str, str] | None]:
-    """``how`` it died plus what its log shows."""
-    boot = classify_boot_failure(log, known) if log.strip() else None
-    if boot is None:
-        return how, None
-    text = (f"{how}; the last error in its log: {boot.line}" if boot.kind == "unknown"
-            else f"{how}: {boot}")
-    return text, asdict(boot)
-
-
 def engine_death(rec: Record, obs: Observation, p: Policy) -> str | None:
     """Why the active stack's engine is dead, or None (alive, or still starting)."""
     assert obs.active is not None
@@ -321,9 +310,12 @@ def step(rec: Record, obs: Observation, p: Policy) -> tuple[Record, Action]:
                           f"{now_iso(rec.unhealthy_since or now)}", now), NOTHING
         detail = obs.health or "not ready"
         return moved(rec, "booting", f"{ref.container} is starting ({detail})", now), NOTHING
-    death, boot = _cause(how, obs.log, ref.boot_failures)
+    boot = classify_boot_failure(obs.log, ref.boot_failures) if obs.log.strip() else None
+    death = how if boot is None else (f"{how}; the last error in its log: {boot.line}"
+                                      if boot.kind == "unknown" else f"{how}: {boot}")
     dead_since = now if rec.dead_since is None else rec.dead_since
-    rec = replace(rec, dead_since=dead_since, death=death, boot_failure=boot)
+    rec = replace(rec, dead_since=dead_since, death=death,
+                  boot_failure=asdict(boot) if boot else None)
     recent = rec.recent(now, p.window_s)
     if len(recent) >= p.limit:
         first = min((a.at for a in recent), default=now)
