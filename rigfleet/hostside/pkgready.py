@@ -137,9 +137,7 @@ def holders(path: Path) -> str:
             if len(parts) >= 6 and parts[5].rsplit(":", 1)[-1] == str(ino) and \
                     parts[4].isdigit() and int(parts[4]) > 0:
                 pids.add(int(parts[4]))
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    for proc in (p for p in Path("/proc").iterdir() if p.name.isdigit()):
         with contextlib.suppress(OSError):
             for fd in (proc / "fd").iterdir():
                 with contextlib.suppress(OSError):

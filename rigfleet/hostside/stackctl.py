@@ -107,9 +107,7 @@ _NUMBER = re.compile(r"^\s*(\d+)(?:\.\d+)?\s*(?:MiB)?\s*$")
 def parse_gpu_memory(text: str) -> list[GpuMemory]:
     """``SystemOps.gpus``' query output (``0, 20480, 24576`` per card); else ValueError."""
     cards = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
+    for line in filter(str.strip, text.splitlines()):
         parts = line.split(",")
         nums = [_NUMBER.match(p) for p in parts]
         if len(parts) != 3 or not all(nums):
