@@ -204,10 +204,9 @@ def mark_interrupted(lay: Layout, journal: Journal, exclude: str = "") -> None:
             tried, by = plan.desired, plan.by
         except PlanError:
             tried, by = None, ""
-        try:
+        active = None
+        with contextlib.suppress(PlanError):
             active = load_active(lay)
-        except PlanError:
-            active = None
         # What serves next is the active (verified) stack: Ensure brings it back.
         ledger.append(lay, "interrupted", "interrupted", active.ref if active else None,
                       attempted=tried, deploy_id=directory.name, by=by, reason=reason)
