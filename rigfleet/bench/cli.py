@@ -36,9 +36,8 @@ from rigfleet.hostside.bench.baseline import Baseline, baseline_for
 from rigfleet.hostside.bench.cli import token_counts
 from rigfleet.hostside.bench.measure import Bench, BenchSettings
 from rigfleet.hostside.bench.report import Entry, cell, fleet_medians, report_dict, write
-from rigfleet.hostside.records import ThroughputRecord
+from rigfleet.hostside.records import ThroughputRecord, now_iso
 from rigfleet.hostside.verify.client import CA_FILE_ENV, Client, check_ca_file, redact_url
-from rigfleet.hostside.verify.report import now_iso
 from rigfleet.hostside.verify.runner import read_api_key
 from rigfleet.inventory import InventoryHost, gpu_hosts, load_inventory
 from rigfleet.resources import deployed_by
@@ -247,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise UsageError(f"--out {args.out}: {e.strerror or e}; allowed: a directory this "
                          "user can create and write") from None
-    started = now_iso()
+    started = now_iso(suffix="Z")
     progress = RichProgress(console)
     with progress.bar:
         entries = bench_targets(targets, lambda t: settings_for(

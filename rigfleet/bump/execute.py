@@ -52,7 +52,7 @@ from rigfleet.bump.rollout import (
 )
 from rigfleet.cliargs import UsageError, select
 from rigfleet.errors import RigfleetError
-from rigfleet.hostside.verify.report import now_iso
+from rigfleet.hostside.records import now_iso
 from rigfleet.inventory import InventoryHost
 from rigfleet.pins import Pins, PinsError, dump_pins, save_pins, write_keeping_mode
 from rigfleet.registry import RegistryError
@@ -186,7 +186,7 @@ def restore(runner: PyinfraRunner, result: RolloutResult, pins_file: Path) -> No
 
 
 def record_pins(plan: Plan, result: RolloutResult, extra: dict[str, Any]) -> Pins | None:
-    new, entry = pins_after(plan, result, now_iso(), deployed_by(), extra)
+    new, entry = pins_after(plan, result, now_iso(suffix="Z"), deployed_by(), extra)
     if new is None:
         log(f"pins file unchanged: {plan.pins.path}")
         return None

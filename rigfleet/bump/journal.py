@@ -19,7 +19,7 @@ from typing import Any
 
 from rigfleet.bump.plan import Plan, PlanHost
 from rigfleet.catalog import Catalog
-from rigfleet.hostside.verify.report import now_iso
+from rigfleet.hostside.records import now_iso
 from rigfleet.pins import Pins, PinsError, StackPins, parse_pins, stack_dict, write_keeping_mode
 from rigfleet.validate import Problems
 
@@ -78,7 +78,7 @@ class BumpJournal:
             raise JournalError(f"{path}: another bump's journal is there (started meanwhile?); "
                                "allowed: one bump at a time: run `rigfleet bump` to finish it")
         journal = cls(
-            path=path, id=journal_id, started=now_iso(), by=by, owner={},
+            path=path, id=journal_id, started=now_iso(suffix="Z"), by=by, owner={},
             base_serial=plan.pins.serial, planned=plan,
             candidate=dict(candidate) if candidate is not None else None, version=version,
             history=dict(history or {}),
@@ -93,13 +93,13 @@ class BumpJournal:
     def deploying_batch(self, batch: int, hosts: Sequence[str],
                         before: Mapping[str, dict[str, Any] | None]) -> None:
         """Before a batch's deploy starts: its hosts and what each said before it."""
-        self.deploying = {"batch": batch, "hosts": list(hosts), "since": now_iso(),
+        self.deploying = {"batch": batch, "hosts": list(hosts), "since": now_iso(suffix="Z"),
                           "before": dict(before)}
         self.save()
 
     def record(self, host: str, outcome: Mapping[str, Any]) -> None:
         """A host's outcome, as soon as it is known (``HostOutcome.to_record()``)."""
-        self.outcomes[host] = {**outcome, "at": now_iso()}
+        self.outcomes[host] = {**outcome, "at": now_iso(suffix="Z")}
         if not self.in_flight:
             self.deploying = None
         self.save()
@@ -109,7 +109,7 @@ class BumpJournal:
         self.save()
 
     def save(self) -> None:
-        self.updated = now_iso()
+        self.updated = now_iso(suffix="Z")
         write_keeping_mode(self.path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     def to_dict(self) -> dict[str, Any]:

@@ -36,10 +36,10 @@ HALF_WRITTEN_LOCK_S = 30.0
 # --- plain files ------------------------------------------------------------------------------
 
 
-def now_iso(at: float | None = None) -> str:
-    """Seconds in ISO 8601, UTC, of ``at`` (epoch seconds; None: now)."""
+def now_iso(at: float | None = None, suffix: str = "+00:00") -> str:
+    """Seconds in ISO 8601, UTC, of ``at`` (epoch seconds; None: now); ``suffix`` "Z" for Zulu."""
     return datetime.fromtimestamp(time.time() if at is None else at, UTC).isoformat(
-        timespec="seconds")
+        timespec="seconds").replace("+00:00", suffix)
 
 
 def read_json(path: Path) -> tuple[Any, str | None]:

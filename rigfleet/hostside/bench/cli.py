@@ -14,10 +14,9 @@ from ..active import load_active
 from ..argtypes import count, positive
 from ..layout import Layout
 from ..plan import PlanError
-from ..records import SOURCE_ACCEPTED
+from ..records import SOURCE_ACCEPTED, now_iso
 from ..stackctl import read_api_key
 from ..verify.client import Client, check_ca_file
-from ..verify.report import now_iso
 from ..verify.runner import append_history
 from ..verify.runner import read_api_key as read_key_file
 from . import report
@@ -100,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         key = read_api_key(lay.api_key_file, lay.vllm_env_file) or None
     settings = BenchSettings(runs=args.runs, warmup=args.warmup, timeout_s=args.timeout_s,
                              concurrency=args.concurrency, depths=args.depths)
-    started = now_iso()
+    started = now_iso(suffix="Z")
     result = Bench(Client(url, key), settings, Progress() if args.quiet else LineProgress()).run()
     measured = any(s.figures() for s in result.shapes.values())
     record = None

@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from ..records import SHAPES, ShapeFigures, ThroughputRecord, encode
+from ..records import SHAPES, ShapeFigures, ThroughputRecord, encode, now_iso
 from ..verify import metrics, prompts
 from ..verify.client import ChatResult, Client, max_model_len, redact_url
-from ..verify.report import now_iso
 
 WARMUP_MAX_TOKENS = 128
 
@@ -316,7 +315,7 @@ class BenchResult:
         acc = self.shapes["code"].acceptance if "code" in self.shapes else None
         fields.setdefault("acceptance", acc.per_position if acc else None)
         return ThroughputRecord(
-            stack=stack, at=now_iso(), model=self.model,
+            stack=stack, at=now_iso(suffix="Z"), model=self.model,
             shapes={k: f for k, v in self.shapes.items() if (f := v.figures()) is not None},
             acceptance_length=acc.length if acc else None, **fields)
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..records import SHAPES, ThroughputRecord
-from ..verify.report import now_iso, write_pair
+from ..records import SHAPES, ThroughputRecord, now_iso
+from ..verify.report import write_pair
 from .baseline import Baseline
 from .measure import BenchResult
 
@@ -58,7 +58,7 @@ def fleet_medians(entries: Sequence[Entry]) -> dict[str, dict[str, float]]:
 
 
 def report_dict(entries: Sequence[Entry], started: str = "") -> dict[str, Any]:
-    return {"schema": SCHEMA, "started": started, "finished": now_iso(),
+    return {"schema": SCHEMA, "started": started, "finished": now_iso(suffix="Z"),
             "entries": [e.to_dict() for e in entries], "fleet": fleet_medians(entries)}
 
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ..atomic import write_atomic
-from ..records import VERIFY_SCHEMA, encode
+from ..records import VERIFY_SCHEMA, encode, now_iso
 from .health import Finding
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
@@ -39,10 +38,6 @@ class CheckResult:
                 "findings": [f.as_dict() for f in self.findings]}
 
 
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 @dataclass
 class Report:
     url: str
@@ -52,7 +47,7 @@ class Report:
     model: str = ""
     version: str = ""
     max_model_len: int | None = None
-    started: str = field(default_factory=now_iso)
+    started: str = field(default_factory=lambda: now_iso(suffix="Z"))
     finished: str = ""
     seconds: float = 0.0
     checks: list[CheckResult] = field(default_factory=list)

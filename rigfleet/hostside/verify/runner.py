@@ -19,7 +19,7 @@ from typing import NoReturn, TextIO
 from ..atomic import append_line, write_json
 from ..bench.measure import Progress
 from ..layout import THROUGHPUT_HISTORY_NAME, THROUGHPUT_LAST_NAME
-from ..records import ThroughputRecord
+from ..records import ThroughputRecord, now_iso
 from . import checks, report
 from .client import Client, check_ca_file, redact_url
 from .profiles import PROFILES, Profile, resolve
@@ -110,7 +110,7 @@ def run(url: str, profile: Profile, api_key: str | None = None,
             rep.model, rep.version, rep.max_model_len = ctx.model, ctx.version, ctx.max_model_len
             if res.status == FAIL:
                 aborted = "preflight failed (server down or not serving)"
-    rep.finished = report.now_iso()
+    rep.finished = now_iso(suffix="Z")
     rep.seconds = time.monotonic() - t0
     paths = report.write_pair(report_dir, "verify", json.dumps(
         rep.as_dict(), indent=2, ensure_ascii=False) + "\n", rep.markdown()) if report_dir else None
