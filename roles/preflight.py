@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, deploy
+from pyinfra.api import FunctionCommand, deploy, operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback, State
 
@@ -52,7 +52,7 @@ from rigfleet.oporder import fast_operation_order
 from rigfleet.packages import OsInfo
 from rigfleet.resources import deployed_by
 from rigfleet.scrape import METRICS_UNIT, NODE_EXPORTER
-from roles.ops import Secret, on_change
+from roles.ops import Secret
 
 # The units the roles check (systemd.service, unit_started), read in one round trip.
 GPU_HOST_UNITS = ("chrony.service", "docker.service", "nvidia-persistenced.service",
@@ -271,6 +271,12 @@ def failing_command(message: str) -> FunctionCommand:
     return FunctionCommand(_fail, (), {})
 
 
+@operation(is_idempotent=False)
+def refused(reason: str):
+    """Fail this host with its preflight's ``reason`` (never a secret)."""
+    yield failing_command(reason)
+
+
 class _Summary(BaseStateCallback):
     """Logs the refused hosts after the last operation (or once only refused hosts are left)."""
 
@@ -316,8 +322,7 @@ def refuse(reason: str) -> None:
     _REFUSED[state][host.name] = reason
     for line in reason.splitlines():
         host.log_styled(line, fg="red", log_func=logger.error)
-    on_change(name="Refused (the reason is above; nothing runs on this host)",
-              commands=[failing_command(reason)], force=True)
+    refused(name="Refused (the reason is above; nothing runs on this host)", reason=reason)
     state.failed_hosts.add(host)
 
 
