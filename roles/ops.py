@@ -19,7 +19,7 @@ from pyinfra.operations import files, systemd
 
 from rigfleet.commands import apt as apt_commands
 from rigfleet.factmemo import read_once
-from rigfleet.facts import AptKeyring, DpkgState, FileDigest, read_fact
+from rigfleet.facts import AptKeyring, DpkgState, FileDigest, FileInfo, read_fact
 
 # Root-owned files, templates and directories (``mode=`` overrides the default).
 root_put = partial(files.put, user="root", group="root", mode="0644")
@@ -180,7 +180,6 @@ def secret_file(dest: str, content: Secret, mode: str = "0600", user: str = "roo
     """Put a file whose content is a secret, never printed nor uploaded."""
     data = content.reveal().encode()
     current = read_fact(FileDigest, path=dest)
-    q = shlex.quote(dest)
     if current is None or current.sha256 != hashlib.sha256(data).hexdigest():
         yield StringCommand(write_secret(dest, mode, user, group),
                             _stdin=base64.encodebytes(data).decode("ascii"))
@@ -188,9 +187,9 @@ def secret_file(dest: str, content: Secret, mode: str = "0600", user: str = "roo
         host.noop(f"{dest} is up to date (content not shown)")
     else:
         if current.mode != mode:
-            yield f"chmod {mode} {q}"
+            yield f"chmod {mode} {shlex.quote(dest)}"
         if (current.user, current.group) != (user, group):
-            yield f"chown {user}:{group} {q}"
+            yield f"chown {user}:{group} {shlex.quote(dest)}"
 
 
 @operation()
@@ -199,9 +198,8 @@ def checked_file(dest: str, content: str | Secret, check: str, mode: str = "0644
     """Put ``content`` at ``dest`` (owned by root:``group``) only after ``check`` (``{path}``:
     the staged copy, ``<dest>.rigfleet-new``) accepted it; a refused copy is removed."""
     data = (content.reveal() if isinstance(content, Secret) else content).encode()
-    current = read_fact(FileDigest, path=dest)
-    if (current is not None and current.sha256 == hashlib.sha256(data).hexdigest()
-            and current.mode == mode and (current.user, current.group) == ("root", group)):
+    if read_fact(FileDigest, path=dest) == FileInfo(mode, "root", group,
+                                                   hashlib.sha256(data).hexdigest()):
         host.noop(f"{dest} is up to date")
         return
     tmp = f"{dest}.rigfleet-new"
