@@ -85,14 +85,12 @@ def follow(swap_id: str, timeout_s: float, reports: str, box: dict[str, str],
                 problem = "" if data else " ".join(err[-2:]) or "no answer"
             except Exception as e:  # a dropped connection: the host carries on regardless
                 data, problem = None, f"{type(e).__name__}: {e}"
-            if data is None:
-                misses += 1
-                if misses >= MAX_MISSES:
-                    raise DeployError(f"{host.name}: lost contact while following {label} "
-                                      f"{swap_id} ({problem}); the transaction continues on the "
-                                      f"host: {where}")
-            else:
-                misses = 0
+            misses = misses + 1 if data is None else 0
+            if misses >= MAX_MISSES:
+                raise DeployError(f"{host.name}: lost contact while following {label} "
+                                  f"{swap_id} ({problem}); the transaction continues on the "
+                                  f"host: {where}")
+            if data is not None:
                 for event in data.get("events") or []:
                     host.log(f"{label} {event.get('phase')}: {event.get('message')}")
                 since = int(data.get("next", since))

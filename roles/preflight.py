@@ -234,9 +234,8 @@ def check_facts(name: str, settings: HostSettings, spec: StackSpec, os: OsInfo,
                 branch: str, version: str | None, platform: PlatformState,
                 gpu: GpuState, rejections: list[str]) -> FactChecks:
     """Every check that needs host facts (pure); the card checks wait for the driver."""
-    problems = check_init(name, platform)
     origin, adopt = check_driver_origin(name, settings, branch, version, platform, gpu)
-    problems += origin
+    problems = check_init(name, platform) + origin
     if gpu.loaded:  # an adopted driver is a loaded one
         try:
             check_caps_against_gpus(name, settings.power_caps_w, gpu.gpus)
