@@ -7,14 +7,14 @@ import io
 from pyinfra.api import deploy
 
 from rigfleet.facts import read_paths
-from rigfleet.hostside.layout import HOST
 from rigfleet.hostside.metrics import TEXTFILE_DIR
 from rigfleet.resources import project_file
 from rigfleet.scrape import METRICS_UNIT, NODE_EXPORTER, SCRAPE_INTERVAL_S, node_exporter_args
 from roles import maintenance
 from roles.docker import reload_detaches_gpus
-from roles.ops import apt_packages, enabled_running, on_change, root_dir, root_put, root_template
+from roles.ops import apt_packages, enabled_running, on_change, root_dir, root_put
 from roles.preflight import HostContext
+from roles.swap import unit_file
 
 PACKAGE = SERVICE = NODE_EXPORTER
 DEFAULTS = f"/etc/default/{PACKAGE}"
@@ -42,10 +42,8 @@ def exporter(ctx: HostContext) -> None:
     install = apt_packages(name=f"Install {PACKAGE}", packages=[PACKAGE], before=lambda inputs: (
         maintenance.enter(ctx, STEP, inputs, inputs[:1]) if detaches else inputs[:1]))
     root_dir(name=f"Directory {TEXTFILE_DIR} (the textfile collector's)", path=TEXTFILE_DIR)
-    units = [root_template(name=f"{UNIT_DIR}/{name}", src=str(project_file(src)),
-                           dest=f"{UNIT_DIR}/{name}", bundle=str(HOST.bundle),
-                           textfile_dir=TEXTFILE_DIR, front_port=ctx.settings.front_port,
-                           interval_s=SCRAPE_INTERVAL_S)
+    units = [unit_file(f"{UNIT_DIR}/{name}", str(project_file(src)), f"{UNIT_DIR}/{name}", ctx,
+                       textfile_dir=TEXTFILE_DIR, interval_s=SCRAPE_INTERVAL_S)
              for name, src in TEMPLATES.items()]
     maintenance.plan_step(ctx, STEP, detaches and any(op.will_change for op in (install, *units)))
     on_change(name="systemd daemon-reload (rigfleet-metrics units changed)",

@@ -293,8 +293,7 @@ class _Summary(BaseStateCallback):
 
     def operation_end(self, state: State, op_hash: Any) -> None:  # type: ignore[override]
         if self.last is None:
-            order = state.get_op_order()
-            self.last = order[-1] if order else ""
+            self.last = (state.get_op_order() or [""])[-1]
         if op_hash == self.last:
             self.log(state)
 
