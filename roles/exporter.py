@@ -12,7 +12,7 @@ from rigfleet.resources import project_file
 from rigfleet.scrape import METRICS_UNIT, NODE_EXPORTER, SCRAPE_INTERVAL_S, node_exporter_args
 from roles import maintenance
 from roles.docker import reload_detaches_gpus
-from roles.ops import apt_packages, enabled_running, on_change, root_dir, root_put
+from roles.ops import apt_packages, changed, enabled_running, on_change, root_dir, root_put
 from roles.preflight import HostContext
 from roles.swap import unit_file
 
@@ -45,7 +45,7 @@ def exporter(ctx: HostContext) -> None:
     units = [unit_file(f"{UNIT_DIR}/{name}", str(project_file(src)), f"{UNIT_DIR}/{name}", ctx,
                        textfile_dir=TEXTFILE_DIR, interval_s=SCRAPE_INTERVAL_S)
              for name, src in TEMPLATES.items()]
-    maintenance.plan_step(ctx, STEP, detaches and any(op.will_change for op in (install, *units)))
+    maintenance.plan_step(ctx, STEP, detaches and changed([install, *units]))
     on_change(name="systemd daemon-reload (rigfleet-metrics units changed)",
               commands=["systemctl daemon-reload"], gates=units, reason="units unchanged",
               window=lambda: maintenance.enter(ctx, STEP) if detaches else ())

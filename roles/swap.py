@@ -29,7 +29,7 @@ from rigfleet.swapplan import build_plan, decide
 from roles import maintenance, weights
 from roles.docker import reload_detaches_gpus
 from roles.follow import follow, reports_root
-from roles.ops import executing, fail, on_change, root_put, root_template, run_on_host
+from roles.ops import changed, executing, fail, on_change, root_put, root_template, run_on_host
 from roles.preflight import HostContext
 
 UNIT_TEMPLATE = str(project_file("files/rigfleet-stack.service.j2"))
@@ -141,8 +141,7 @@ def swap(ctx: HostContext) -> None:
     # A daemon-reload could take the serving container's GPUs: then in a maintenance window.
     detaches = reload_detaches_gpus(ctx)
     reload_step = "systemd daemon-reload (the serving container could lose its GPUs)"
-    maintenance.plan_step(ctx, reload_step, detaches and (unit.will_change
-                                                          or supervise_unit.will_change))
+    maintenance.plan_step(ctx, reload_step, detaches and changed([unit, supervise_unit]))
     on_change(name="systemd daemon-reload (a rigfleet unit changed)",
               commands=["systemctl daemon-reload"], gates=[unit, supervise_unit],
               window=lambda: maintenance.enter(ctx, reload_step) if detaches else (),
