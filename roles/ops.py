@@ -21,7 +21,6 @@ from rigfleet.commands import apt as apt_commands
 from rigfleet.factmemo import read_once
 from rigfleet.facts import AptKeyring, DpkgState, FileDigest, FileInfo, read_fact
 
-# Root-owned files, templates and directories (``mode=`` overrides the default).
 root_put = partial(files.put, user="root", group="root", mode="0644")
 root_template = partial(files.template, user="root", group="root", mode="0644")
 root_dir = partial(files.directory, user="root", group="root", mode="0755")
