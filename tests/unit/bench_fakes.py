@@ -48,6 +48,7 @@ class Pace:
     max_model_len: int = 262144
     version: str = "0.27.1"
     seed: int = 7
+    fail_requests: tuple[int, ...] = ()  # these chat requests (1, 2, ...) answer 503
 
 
 @dataclass
@@ -168,6 +169,10 @@ class PacedServer:
         with self.lock:
             speed = next(self.speeds)
             self.state.requests += 1
+            failing = self.state.requests in p.fail_requests
+        if failing:
+            h._json(503, {"error": {"message": "engine overloaded"}})  # type: ignore[attr-defined]
+            return
         step_s = 1.0 / (p.step_rate * speed)
         time.sleep(p.prefill_s)
         if not data.get("stream"):

@@ -76,6 +76,20 @@ def test_accept_baseline_on_the_host_restarts_the_history(tmp_path, capsys):
     assert base.figures["narrative"] == accepted.decode("narrative")  # 2400 is forgotten
 
 
+def test_a_baseline_is_accepted_only_when_every_run_measured(tmp_path, capsys):
+    lay = Layout(tmp_path)
+    with PacedServer(Pace(step_rate=2000.0, prefill_s=0.001, fail_requests=(2,))) as srv:
+        activate(lay, int(srv.url.rsplit(":", 1)[1]))
+        rc = host_cli.main(["--root", str(tmp_path), "--accept-baseline", "--runs", "2",
+                            "--warmup", "0", "--json", "--quiet"])
+    assert rc == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["accepted"] is None
+    assert "not accepted as single-fp8-mtp's baseline" in captured.err
+    assert "1 of 2 runs measured" in captured.err
+    assert read_throughput_history(lay.throughput_history) == []
+
+
 def test_host_bench_refuses_without_an_active_stack(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         host_cli.main(["--root", str(tmp_path), "--accept-baseline"])

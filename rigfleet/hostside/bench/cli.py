@@ -102,8 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     started = now_iso(suffix="Z")
     result = Bench(Client(url, key), settings, Progress() if args.quiet else LineProgress()).run()
     measured = any(s.figures() for s in result.shapes.values())
+    # A baseline from a run that lost requests would move the gate's median by chance.
+    short = [f"{name}: {len(s.decode)} of {len(s.runs)} runs measured"
+             for name, s in result.shapes.items() if not s.runs or s.failed]
     record = None
-    if args.accept_baseline and measured and stack:
+    if args.accept_baseline and measured and stack and not short:
         record = result.record(stack, source=SOURCE_ACCEPTED, scale=args.scale,
                                baseline={"source": f"accepted by {args.by or 'hand'}"},
                                version=result.version)
@@ -127,4 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
     if result.error:
         print(f"bench: {result.error}", file=sys.stderr)
+    if args.accept_baseline and measured and short:
+        print(f"bench: not accepted as {stack}'s baseline ({'; '.join(short)}): a baseline "
+              "needs every run measured; bench again when the host is quiet", file=sys.stderr)
+        return EXIT_NOTHING
     return EXIT_OK if measured else EXIT_NOTHING
