@@ -130,6 +130,16 @@ class Record(Coded):
             return cls()
         return decode_strict(cls, data, "")
 
+    def clamped(self, now: float) -> Record:
+        """No time after ``now``: a clock stepped back (at boot, an RTC kept in local time) must
+        not keep a death's backoff or the window's attempts running for the hours it moved."""
+        def at_most(t: float | None) -> float | None:
+            return None if t is None else min(t, now)
+
+        return replace(self, since=min(self.since, now), dead_since=at_most(self.dead_since),
+                       unhealthy_since=at_most(self.unhealthy_since),
+                       attempts=tuple(replace(a, at=min(a.at, now)) for a in self.attempts))
+
     def recent(self, now: float, window_s: float) -> list[Attempt]:
         """The attempts within the window (what the limit counts)."""
         return [a for a in self.attempts if a.at >= now - window_s]
@@ -258,6 +268,7 @@ def _reset(rec: Record, obs: Observation) -> Record:
 def step(rec: Record, obs: Observation, p: Policy) -> tuple[Record, Action]:
     """The record after ``obs``, and what to do now (see the module docstring)."""
     now = obs.now
+    rec = rec.clamped(now)
     if obs.problem:
         return (moved(rec, "paused", obs.problem, now),
                 Action("repair", obs.problem) if obs.damaged and obs.holder is None

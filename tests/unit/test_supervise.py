@@ -185,6 +185,21 @@ def test_past_the_limit_it_gives_up_with_the_reason_and_stays_given_up(lay):
         assert (rec.state, action.kind) == ("gave-up", "none")
 
 
+def test_a_clock_stepped_back_does_not_postpone_the_recreation_by_its_step(lay):
+    # The engine died and two recreations ran before chrony stepped the clock back two hours.
+    later = NOW + 7200
+    attempts = tuple(Attempt(at=later - 300 + i, reason="x", result="recreated") for i in (0, 1))
+    rec = replace(watched(lay, attempts=attempts), state="backoff", dead_since=later - 5)
+    rec, action = step(rec, obs(lay, container=None, healthy=False, route="maintenance"),
+                       Policy())
+    assert rec.next_attempt_at == NOW + 90 and "recreation 3 of 3" in rec.reason
+    rec, action = step(rec, obs(lay, now=NOW + 90, container=None, healthy=False,
+                                route="maintenance"), Policy())
+    assert action.kind == "recreate"
+    # The two attempts count for the window from the stepped clock's now, not for two hours more.
+    assert rec.recent(NOW + 1801, Policy().window_s) == []
+
+
 def test_recreations_older_than_the_window_do_not_count(lay):
     attempts = (Attempt(at=NOW - 1900, reason="x", result="recreated"),
                 Attempt(at=NOW - 1000, reason="x", result="recreated"),
