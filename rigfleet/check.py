@@ -130,9 +130,8 @@ def _agree(settings: HostSettings, pins: Pins) -> list[str]:
         return [f"{settings.name}: stack: {settings.stack!r} is not pinned in {pins.path}; "
                 f"allowed: {', '.join(pins.stacks)}"]
     staged = staged_stacks(settings, pins)
-    return (unpinned_stacks(settings, pins)
-            + _raised(partial(check_switch_sets, settings, pins, staged))
-            + _raised(partial(check_image_rules, settings, pins, staged)))
+    return (unpinned_stacks(settings, pins) + check_switch_sets(settings, pins, staged)
+            + check_image_rules(settings, pins, staged))
 
 
 def _raised(check: Callable[[], object]) -> list[str]:

@@ -167,9 +167,9 @@ def stack_gate_set(spec: StackSpec, settings: HostSettings) -> tuple[str, ...]:
     return tuple(out)
 
 
-def check_pinned(settings: HostSettings, pins: Pins) -> None:
+def check_pinned(settings: HostSettings, pins: Pins) -> list[str]:
     """The desired stack must be pinned, and nothing pinned may be ``unresolved``."""
-    problems: list[str] = []
+    problems = []
     if settings.stack not in pins.stacks:
         problems.append(f"{settings.name}: stack: {settings.stack!r} is not pinned in "
                         f"{pins.path}; allowed: {', '.join(pins.stacks) or '(no stacks pinned)'}")
@@ -177,13 +177,12 @@ def check_pinned(settings: HostSettings, pins: Pins) -> None:
     if unresolved := pins.unresolved():
         problems.append(f"{settings.name}: {pins.path}: {', '.join(unresolved)}: 'unresolved'; "
                         "allowed: a resolved value (run `rigfleet pins lock`)")
-    if problems:
-        raise PinsError(problems)
+    return problems
 
 
-def check_switch_sets(settings: HostSettings, pins: Pins, staged: list[StackSpec]) -> None:
+def check_switch_sets(settings: HostSettings, pins: Pins, staged: list[StackSpec]) -> list[str]:
     """Each staged Genesis stack's file must have a switch set for its pinned layout."""
-    problems = [
+    return [
         f"{settings.name}: stack {spec.name}: {spec.source}: genesis.switches has no "
         f"{genesis.layout!r} set, but {pins.path} pins Genesis {genesis.label} with "
         f"the {genesis.layout} layout; allowed: add genesis.switches.{genesis.layout} "
@@ -192,28 +191,27 @@ def check_switch_sets(settings: HostSettings, pins: Pins, staged: list[StackSpec
         for spec in staged if spec.genesis is not None
         and (genesis := pins.stacks[spec.name].genesis) is not None
         and genesis.layout not in spec.genesis.switches]
-    if problems:
-        raise PinsError(problems)
 
 
-def check_image_rules(settings: HostSettings, pins: Pins, staged: list[StackSpec]) -> None:
+def check_image_rules(settings: HostSettings, pins: Pins, staged: list[StackSpec]) -> list[str]:
     """Each staged stack's pinned image must be one its stack file's ``image`` rule allows."""
-    problems = [
+    return [
         f"{settings.name}: {pins.path}: stacks.{spec.name}: image {pinned.image} "
         f"{problem} ({spec.source}: image); allowed: an image the stack file allows "
         f"(`rigfleet bump --latest --stack {spec.name} --dry` proposes one)"
         for spec in staged for pinned in [pins.stacks[spec.name]]
         for problem in spec.image.problems(pinned.tag, pinned.vllm_version)]
-    if problems:
-        raise PinsError(problems)
 
 
 def build_desired(settings: HostSettings, pins: Pins) -> DesiredHost:
     """The host's model from validated settings and its pins; raises ``PinsError``."""
-    check_pinned(settings, pins)
+    if problems := check_pinned(settings, pins):
+        raise PinsError(problems)
     staged = staged_stacks(settings, pins)
-    check_switch_sets(settings, pins, staged)
-    check_image_rules(settings, pins, staged)
+    for problems in (check_switch_sets(settings, pins, staged),
+                     check_image_rules(settings, pins, staged)):
+        if problems:
+            raise PinsError(problems)
     stacks = {spec.name: desired_stack(spec, settings, pins) for spec in staged}
     return DesiredHost(settings.name, settings, pins, stacks)
 
