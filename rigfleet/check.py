@@ -344,10 +344,10 @@ def problems_of(findings: Iterable[Finding]) -> list[Finding]:
     return [f for f in findings if f.status in (MISSING, UNREACHABLE)]
 
 
-def deploy_online(images: bool = False, reach: Sequence[str] = ()) -> Online:
+def deploy_online(images: bool = False, reach: Sequence[str] = (), timeout: float = 10.0) -> Online:
     """The deploy's online pass: short timeouts, ``RIGFLEET_REACH`` pairs as --reach."""
     pairs = [*os.environ.get("RIGFLEET_REACH", "").split(), *reach]
-    return Online(reach=reacher(pairs), timeout=10.0, images=images)
+    return Online(reach=reacher(pairs), timeout=timeout, images=images)
 
 
 def verify_pins(hosts: Sequence[Any], pins: Pins, run: Online) -> tuple[list[str], list[str]]:

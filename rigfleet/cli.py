@@ -46,8 +46,7 @@ def cmd_pins(args: argparse.Namespace) -> int:
 
     def verify(pins: Pins) -> list[str]:
         """The refusals of the inventory's sources (each pin is there); warnings logged."""
-        online = deploy_online(images=True, reach=args.reach)
-        online.timeout = args.timeout
+        online = deploy_online(images=True, reach=args.reach, timeout=args.timeout)
         refusals, warnings = verify_pins(hosts, pins, online)
         for line in warnings:
             log(f"warning: {line}")

@@ -218,9 +218,7 @@ def build_desired(settings: HostSettings, pins: Pins) -> DesiredHost:
 
 def resolve_pins_path(pins_file: str, base: Path | None = None) -> Path:
     """Host data's pins file, relative to ``base`` (default: the working dir, else the repo)."""
-    path = Path(pins_file).expanduser()
-    if path.is_absolute():
-        return path
+    path = Path(pins_file).expanduser()  # an absolute one: every join below gives it back
     if base is not None:
         return base / path
     cwd = Path.cwd() / path

@@ -179,8 +179,7 @@ PEER_IDLE_S = 300  # the peer server stops after this long without a request
 
 
 def peer_serve_command(port: int, model_dir: str, repositories: Iterable[str]) -> str:
-    """Install the peer server from stdin and start it on the seed unless it runs (two peers
-    may ask at once), as a transient unit; then wait until it listens."""
+    """Install the peer server from stdin, start it (a transient unit) unless it runs; wait."""
     images = "".join(f" --repository {shlex.quote(r)}" for r in sorted(set(repositories)))
     probe = shlex.quote(f"import socket; socket.create_connection(('127.0.0.1', {port}), 1)")
     part = f"{shlex.quote(PEER_SCRIPT)}.$$.part"  # two peers may send it at once

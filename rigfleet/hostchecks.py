@@ -117,8 +117,7 @@ class HostChecker(Problems):
 
     def stacks_dir(self, key: Key, value: Any) -> str | None:
         """Also loads the catalog the later keys are checked against (else the built-in one)."""
-        checked = self.string(key.name, value, None, key.allowed, required=False)
-        if checked is None:
+        if (checked := self.string(key.name, value, None, key.allowed, required=False)) is None:
             return None
         path = Path(os.path.expanduser(checked))
         try:
@@ -408,8 +407,7 @@ class HostChecker(Problems):
 
     def address(self, key: Key, value: Any) -> str | None:
         """``host`` or ``host:port`` (IPv6 in brackets)."""
-        checked = self.string(key.name, value, _ADDRESS, key.allowed, required=False)
-        if checked is None:
+        if (checked := self.string(key.name, value, _ADDRESS, key.allowed, required=False)) is None:
             return None
         port = checked.rpartition("]")[2] if checked.startswith("[") else checked
         if ":" in port and not 1 <= int(port.rpartition(":")[2]) <= 65535:

@@ -146,8 +146,7 @@ def node_exporter_args(textfile_dir: str) -> str:
 
 
 def desired_textfile(hosts: Sequence[GpuHost], pins: Mapping[str, Pins]) -> str:
-    """``rigfleet-desired.prom``: what each GPU host should serve (the "pins differ" alert's
-    side of the join)."""
+    """``rigfleet-desired.prom``: what each GPU host should serve (for the "pins differ" alert)."""
     info = "What the inventory and pins.yaml want a host to serve (labels), always 1."
     text = Textfile({"rigfleet_desired_info": (info, "gauge", [])})  # HELP, TYPE: even empty
     for h in hosts:

@@ -49,8 +49,7 @@ class WeightsDirsState:
 
 
 class WeightsDirs(FactBase[WeightsDirsState]):
-    """The directories and links in ``<model_dir>`` and its ``.*@*.partial`` downloads (kind,
-    mtime, link target), and which names in ``<model_dir>`` the given compose files mount."""
+    """The entries of ``<model_dir>`` (``WeightsEntry``) and the names compose files mount."""
 
     default = WeightsDirsState
 
@@ -127,8 +126,7 @@ def retired_weights(dirs: WeightsDirsState, served: Set[str]) -> list[str]:
 
 
 def prunable(dirs: WeightsDirsState, pinned: Iterable[tuple[str, str]]) -> list[str]:
-    """What goes (sorted): each pinned model's other revisions (``pinned``: its local_dir and
-    revision) and every revision of a model no pin names, all unless a compose file mounts it."""
+    """``stale_weights`` of each ``pinned`` (local_dir, revision) and ``retired_weights``."""
     pins = tuple(pinned)
     return sorted({*(n for local_dir, revision in pins
                      for n in stale_weights(dirs, local_dir, revision)),
