@@ -195,10 +195,15 @@ class Online:
             for f in self.apt(settings, pins, os_key):
                 self.add(f, name)
 
-    def memo(self, key: tuple[Any, ...], ask: Callable[[], T]) -> T:
+    def memo(self, key: tuple[Any, ...], ask: Callable[[], T],
+             error: type[E] | tuple[()] = ()) -> T | E:
+        """``ask()`` once per ``key``; an ``error`` it raises is the answer kept."""
         if key not in self._memo:
-            self._memo[key] = ask()
-        return cast(T, self._memo[key])
+            try:
+                self._memo[key] = ask()
+            except error as e:
+                self._memo[key] = e
+        return cast(T | E, self._memo[key])
 
     @cached_property
     def checker(self) -> SourceChecker:
@@ -267,8 +272,8 @@ class Online:
     def genesis(self, pin: GenesisPin, fetch: str | None) -> Finding:
         fetch_url = self.reach(fetch or pin.repo)
         thing = f"genesis {pin.label}"
-        sync = GenesisRepo(pin.repo, fetch_url).sync
-        repo = self.memo(("genesis", fetch_url), partial(_or_error, sync, GenesisError))
+        repo = self.memo(("genesis", fetch_url), GenesisRepo(pin.repo, fetch_url).sync,
+                         GenesisError)
         if isinstance(repo, GenesisError):
             return Finding(thing, fetch_url, UNREACHABLE, str(repo)[:300])
         if (refs := repo.reached_by(pin.commit)) is None:
@@ -282,7 +287,7 @@ class Online:
     def index(self, repo: AptRepo, policy: str) -> AptIndex | AptIndexError:
         reached = replace(repo, url=self.reach(repo.url), key_url=self.reach(repo.key_url))
         read = partial(read_index, reached, policy, self.timeout)
-        return self.memo(("apt", reached, policy), partial(_or_error, read, AptIndexError))
+        return self.memo(("apt", reached, policy), read, AptIndexError)
 
     def apt(self, settings: HostSettings, pins: Pins, os_key: OsKey) -> list[Finding]:
         os_id, version, codename = os_key
@@ -330,13 +335,6 @@ class Online:
 def _version_order(version: str) -> list[str | int]:
     """A sort key by a version's numbers, as ``sort -V`` (580.95.05-1 before 580.105.08-1)."""
     return [int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", version))]
-
-
-def _or_error(ask: Callable[[], T], error: type[E]) -> T | E:
-    try:
-        return ask()
-    except error as e:
-        return e
 
 
 def problems_of(findings: Iterable[Finding]) -> list[Finding]:
