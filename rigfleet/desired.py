@@ -41,10 +41,6 @@ class DesiredStack:
     def name(self) -> str:
         return self.spec.name
 
-    @property
-    def compose_file(self) -> str:
-        return str(HOST.compose_file(self.spec.name))
-
 
 @dataclass(frozen=True)
 class DesiredHost:
@@ -100,7 +96,7 @@ class DesiredHost:
     @property
     def projects(self) -> tuple[tuple[str, str], ...]:
         """Every staged stack's (compose project, compose file), sorted by stack name."""
-        return tuple((s.spec.compose_project, s.compose_file)
+        return tuple((s.spec.compose_project, s.ref.compose_file)
                      for _, s in sorted(self.stacks.items()))
 
 

@@ -28,7 +28,7 @@ def stacks(ctx: HostContext) -> None:
                str(HOST.api_key_file): ("API key for the gate", f"{key}\n")}
     read_paths([*secrets, *(p for name, staged in sorted(ctx.want.stacks.items())
                             for p in (str(HOST.stack_dir(name)), *staged.spec.cache_dirs,
-                                      staged.compose_file))])
+                                      staged.ref.compose_file))])
     root_dir(name=f"Directory {HOST.secrets_dir}", path=str(HOST.secrets_dir), mode="0700")
     for dest, (what, text) in host.loop(secrets.items()):
         secret_file(name=f"{what} (root-only)", dest=dest, content=Secret(text))
@@ -41,15 +41,15 @@ def stacks(ctx: HostContext) -> None:
         for path in host.loop([str(HOST.stack_dir(name)), *staged.spec.cache_dirs]):
             root_dir(name=f"Directory {path}", path=path)
         compose = root_put(name=f"Compose project {project}", src=io.StringIO(staged.text),
-                           dest=staged.compose_file)
+                           dest=staged.ref.compose_file)
         on_change(name=f"Check {project} with docker compose config",
-                  commands=[docker_commands.compose_config_check(staged.compose_file, project)],
+                  commands=[docker_commands.compose_config_check(staged.ref.compose_file, project)],
                   gates=[compose], reason="compose file unchanged")
 
 
 def vllm_args_refusal(staged: DesiredStack) -> str | None:
     """Why the pinned image's vLLM refuses ``staged``'s arguments, if it does."""
-    current = read_fact(FileDigest, path=staged.compose_file)
+    current = read_fact(FileDigest, path=staged.ref.compose_file)
     if current is not None and current.sha256 == hashlib.sha256(staged.text.encode()).hexdigest():
         return None
     service = staged.document["services"][SERVICE]

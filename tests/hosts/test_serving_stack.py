@@ -71,7 +71,7 @@ def test_compose_files_as_rendered(host, rig, require):
     # a switch starts from these files.
     problems = []
     for name, stack in sorted(rig.want.stacks.items()):
-        path = stack.compose_file
+        path = stack.ref.compose_file
         f = host.file(path)
         if not f.exists:
             problems.append(f"{rig.name}: {path} is missing (stack {name})")
