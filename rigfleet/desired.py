@@ -241,9 +241,7 @@ def fleet_pins(settings: HostSettings, base: Path | None = None) -> tuple[Pins, 
 def pins_for(settings: HostSettings, base: Path | None = None) -> Pins:
     """The host's pins: an unfinished bump's journal's say, else its ``pins_file``'s ``hosts``."""
     pins, journal = fleet_pins(settings, base)
-    if journal is not None:
-        return journal.pins_for(pins, settings.name)
-    return pins.for_host(settings.name)
+    return journal.pins_for(pins, settings.name) if journal else pins.for_host(settings.name)
 
 
 def load_desired(name: str, data: Mapping[str, Any] | Any, base: Path | None = None) -> DesiredHost:
