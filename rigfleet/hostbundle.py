@@ -40,6 +40,5 @@ def build_bundle() -> bytes:
         _add(zf, "__main__.py", _MAIN.encode())
         _add(zf, "rigfleet/__init__.py", _PACKAGE_INIT.encode())
         for path in sorted(p for p in HOSTSIDE.rglob("*.py") if "__pycache__" not in p.parts):
-            rel = path.relative_to(HOSTSIDE.parent.parent).as_posix()
-            _add(zf, rel, path.read_bytes())
+            _add(zf, path.relative_to(HOSTSIDE.parent.parent).as_posix(), path.read_bytes())
     return buf.getvalue()
