@@ -317,7 +317,8 @@ def read_holder(lock_dir: Path) -> dict[str, Any] | None:
         except OSError:
             return None
         return {"who": "unknown", "why": "lock being taken", "since": None, "pid": None,
-                "alive": age < HALF_WRITTEN_LOCK_S, "half_written": True}
+                # A time ahead of now: made before the clock stepped back, not just now.
+                "alive": abs(age) < HALF_WRITTEN_LOCK_S, "half_written": True}
     holder["alive"] = holder_alive(holder)
     return holder
 

@@ -105,6 +105,9 @@ def test_a_half_written_lock_counts_as_held_until_it_is_old(lay):
     old = time.time() - 3600
     os.utime(lay.lock_dir, (old, old))
     assert not read_holder(lay.lock_dir)["alive"]
+    ahead = time.time() + 3600  # made before the clock was stepped back an hour
+    os.utime(lay.lock_dir, (ahead, ahead))
+    assert not read_holder(lay.lock_dir)["alive"]
     assert HostLock(lay).acquire("x", "y").startswith("took over a stale lock")
 
 
