@@ -8,13 +8,13 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from packaging.version import Version
 
 from rigfleet.errors import RigfleetError
+from rigfleet.pins import HEX40
 from rigfleet.registry import Registry, RegistryError, split_image
 from rigfleet.vllm_versions import NIGHTLY_TAG, RELEASE_TAG, is_release, version_key
 
@@ -139,6 +139,6 @@ def parse_image_arg(value: str, default_repository: str) -> tuple[str, str]:
     value = value.strip()
     if "@" in value:
         raise RegistryError(f"--image {value!r}: give a tag; the digest is read from the registry")
-    if re.fullmatch(r"[0-9a-f]{40}", value):
+    if HEX40.fullmatch(value):
         return default_repository, f"nightly-{value}"
     return split_image(value) if ":" in value.rsplit("/", 1)[-1] else (default_repository, value)
