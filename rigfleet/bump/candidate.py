@@ -47,17 +47,15 @@ class Candidate:
 
 def release_tags(tags: Iterable[str]) -> list[str]:
     """The ``vX.Y.Z`` release tags, oldest version first (by version, not by push time)."""
-    found = [t for t in set(tags) if RELEASE_TAG.fullmatch(t)]
-    return sorted(found, key=lambda t: version_key(t) or Version("0"))
+    return sorted({t for t in tags if RELEASE_TAG.fullmatch(t)}, key=lambda t: Version(t[1:]))
 
 
 def newest_release(tags: Iterable[str], above: str,
                    allowed: Collection[str] | None = None) -> str | None:
     """The newest release tag above version ``above`` (and in ``allowed`` if given), or None."""
     floor = version_key(above)
-    for tag in reversed(release_tags(tags)):
-        key = version_key(tag[1:])
-        if floor is not None and key is not None and key <= floor:
+    for tag in reversed(release_tags(tags)):  # RELEASE_TAG: a PEP 440 version after the "v"
+        if floor is not None and Version(tag[1:]) <= floor:
             return None
         if allowed is None or tag[1:] in allowed:
             return tag
