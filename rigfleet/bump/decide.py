@@ -43,7 +43,7 @@ from rigfleet.genesis import StackUse
 from rigfleet.hostchecks import URL_ALLOWED
 from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.inventory import InventoryHost, gpu_hosts, host_kind, load_inventory
-from rigfleet.pins import GenesisPin, Pins, StackPins, load_pins, parse_pins
+from rigfleet.pins import Pins, StackPins, load_pins, parse_pins
 from rigfleet.registry import DOCKER_HUB, Registry
 
 
@@ -212,10 +212,6 @@ def latest_candidate(opts: BumpOptions, inputs: Inputs, reg: Registry, repositor
     return find_candidate(reg, repository, choice.tag), list(choice.stacks)
 
 
-def _genesis_pins(pins: Pins, names: list[str]) -> dict[str, GenesisPin]:
-    return {n: g for n in names if (g := pins.stacks[n].genesis) is not None}
-
-
 def _repo(inputs: Inputs, url: str) -> GenesisRepo:
     repos = inputs.genesis_repos
     if url not in repos:
@@ -226,7 +222,7 @@ def _repo(inputs: Inputs, url: str) -> GenesisRepo:
 
 
 def _infer_version(inputs: Inputs, names: list[str], commit: str) -> str | None:
-    pinned = list(_genesis_pins(inputs.pins, names).values())
+    pinned = [g for n in names if (g := inputs.pins.stacks[n].genesis) is not None]
     for g in pinned:
         if found := infer_version(_repo(inputs, g.repo), g.commit, commit):
             return found
@@ -240,10 +236,10 @@ def _infer_version(inputs: Inputs, names: list[str], commit: str) -> str | None:
 def _genesis_choices(opts: BumpOptions, inputs: Inputs, names: list[str], version: str | None,
                      candidate: Candidate | None) -> dict[str, GenesisChoice]:
     out: dict[str, GenesisChoice] = {}
-    for name, g in _genesis_pins(inputs.pins, names).items():
+    for name in names:
         p = inputs.pins.stacks[name]
         want = version if candidate is not None else p.vllm_version
-        if want is None:
+        if (g := p.genesis) is None or want is None:
             continue
         repo = _repo(inputs, g.repo)
         choice = choose_genesis(repo, g.commit, want, p.vllm_version, opts.genesis)
