@@ -28,7 +28,7 @@ from rigfleet.errors import RigfleetError
 from rigfleet.fleetcache import cache_settings, seed_command, warm_marker
 from rigfleet.hostside.layout import HOST
 from rigfleet.images.plan import WantedImage
-from rigfleet.images.transfer import ImageError as ImageError  # save_image's error
+from rigfleet.images.transfer import ImageError as ImageError  # save_image's, read_version's
 from rigfleet.images.transfer import SavedArchive, export_image
 from rigfleet.inventory import InventoryHost
 from rigfleet.registry import (
@@ -42,10 +42,6 @@ from rigfleet.registry import (
     sha256_digest,
 )
 from rigfleet.ssh import Remote
-
-
-class VersionError(RigfleetError, RuntimeError):
-    """The image could not be pulled or did not tell its vLLM version."""
 
 
 @dataclass(frozen=True)
@@ -106,13 +102,13 @@ def parse_probe(output: str) -> dict[str, str]:
 
 def read_version(remote: Remote, host: InventoryHost, candidate: Candidate, *, pull: bool,
                  caches: Sequence[str] = ()) -> VersionProbe:
-    """Ask the image on ``host``; raises ``VersionError`` (or ``HostUnreachable``)."""
+    """Ask the image on ``host``; raises ``ImageError`` (or ``HostUnreachable``)."""
     rc, out = remote.run(host, probe_script(candidate, pull, caches), timeout=3600)
     values = parse_probe(out)
     if rc == 3:
-        raise VersionError(f"{host.name}: cannot pull {candidate.ref}: {out.strip()[-500:]}")
+        raise ImageError(f"{host.name}: cannot pull {candidate.ref}: {out.strip()[-500:]}")
     if rc != 0 or (values.get("source") != "unknown" and not values.get("version")):
-        raise VersionError(f"{host.name}: cannot read vllm.__version__ from {candidate.ref} "
+        raise ImageError(f"{host.name}: cannot read vllm.__version__ from {candidate.ref} "
                            f"(exit {rc}): {out.strip()[-500:]}")
     source = values.get("source", "unknown")
     return VersionProbe(values.get("version") or None, source, pulled=source == "pulled")
