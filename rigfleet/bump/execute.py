@@ -305,8 +305,7 @@ def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
         log(f"not confirmed; nothing changed ({journal.path} is kept)")
         return EXIT_FAILED
     journal.take_over()
-    remote = SshRemote(connect_timeout=args.timeout)
-    return execute(opts, inputs, remote, journal.plan(inputs.pins),
+    return execute(opts, inputs, SshRemote(connect_timeout=args.timeout), journal.plan(inputs.pins),
                    Candidate(**cand) if cand else None, journal.version, journal=journal)
 
 

@@ -145,8 +145,7 @@ class GenesisRepo:
             line = self.git("log", "-1", "--format=%ct %s", sha).stdout.strip()
             date, _, subject = line.partition(" ")
             tag = next((t for t in self.tags.get(sha, ()) if _VERSION_TAG.fullmatch(t)), None)
-            subject_release = _RELEASE.search(subject)
-            release = tag or (subject_release.group("version") if subject_release else None)
+            release = tag or (m.group("version") if (m := _RELEASE.search(subject)) else None)
             tree = TreeReport.from_json(genesis_inspect.inspect(GitSource(self, sha),
                                                                 registry=False))
             self._commits[sha] = GenesisCommit(sha, release, int(date or 0), tree)

@@ -176,8 +176,7 @@ def _runs(state: Mapping[str, Any], stack: str, p: StackPins) -> bool:
 
 def gate_of(before: HostProbe | None, after: HostProbe
             ) -> tuple[str, tuple[str, ...], str | None]:
-    """(summary, failed check names, report file) of the gate made since ``before``: a new
-    report file, else a new ``last_swap``'s gate, else a changed top-level ``gate``."""
+    """(summary, failed check names, report file) of the gate made since ``before``."""
     report = after.newest_report
     if report is not None and (before is None or report.file not in set(before.report_files)):
         return report.text, report.failed, report.file
