@@ -196,7 +196,7 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
         if SOURCES is not None and not plan.empty:
             refuse_missing(inputs, plan, SOURCES())
     except BaseException:
-        if probe.pulled and probe_host is not None and candidate is not None:
+        if probe.source == "pulled" and probe_host is not None and candidate is not None:
             remove_image(remote, probe_host, candidate, caches)  # the canary as it was found
         raise
     print_plan(plan, genesis, probe)

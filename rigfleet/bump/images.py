@@ -48,7 +48,6 @@ from rigfleet.ssh import Remote
 class VersionProbe:
     version: str | None
     source: str  # "cache" | "image" (present before) | "pulled" | "unknown" (dry, absent)
-    pulled: bool = False
 
 
 def local_refs(candidate: Candidate, caches: Sequence[str]) -> list[str]:
@@ -109,9 +108,8 @@ def read_version(remote: Remote, host: InventoryHost, candidate: Candidate, *, p
         raise ImageError(f"{host.name}: cannot pull {candidate.ref}: {out.strip()[-500:]}")
     if rc != 0 or (values.get("source") != "unknown" and not values.get("version")):
         raise ImageError(f"{host.name}: cannot read vllm.__version__ from {candidate.ref} "
-                           f"(exit {rc}): {out.strip()[-500:]}")
-    source = values.get("source", "unknown")
-    return VersionProbe(values.get("version") or None, source, pulled=source == "pulled")
+                         f"(exit {rc}): {out.strip()[-500:]}")
+    return VersionProbe(values.get("version") or None, values.get("source", "unknown"))
 
 
 def remove_image(remote: Remote, host: InventoryHost, candidate: Candidate,
