@@ -191,15 +191,13 @@ def load_journal(pins: Pins, catalog: Catalog | None = None) -> BumpJournal | No
     """The journal beside ``pins.path``, checked, with its ``state`` (None: there is none)."""
     path = journal_path(pins.path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
     except OSError as e:
         raise JournalError(f"{path}: cannot be read ({e.strerror}); allowed: a readable file "
                            "(or none)") from None
-    try:
-        data = json.loads(text)
-    except ValueError as e:
+    except ValueError as e:  # not JSON, or not UTF-8 text
         raise JournalError(f"{path}: top level: not JSON ({e}); allowed: a rigfleet bump "
                            "journal (remove it only if no bump is unfinished)") from None
     journal = _parse(path, data, pins, catalog)
