@@ -107,10 +107,8 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
 
 def resume_of(journal: BumpJournal) -> Resume:
     before = (journal.deploying or {}).get("before") or {}
-    return Resume(
-        done={h: HostOutcome.from_record(h, o) for h, o in journal.outcomes.items()},
-        in_flight={h: probe_of_record(before.get(h)) for h in journal.in_flight},
-    )
+    return Resume({h: HostOutcome.from_record(h, o) for h, o in journal.outcomes.items()},
+                  {h: probe_of_record(before.get(h)) for h in journal.in_flight})
 
 
 def end_journal(journal: BumpJournal, result: RolloutResult, saved: Pins | None) -> None:

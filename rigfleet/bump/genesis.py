@@ -68,9 +68,8 @@ class GitSource:
     sha: str
 
     def markers(self) -> frozenset[str]:
-        out = self.repo.git("ls-tree", "--name-only", self.sha, "--",
-                            *genesis_inspect.MARKERS).stdout  # fmt: skip
-        return frozenset(out.split())
+        return frozenset(self.repo.git("ls-tree", "--name-only", self.sha, "--",
+                                       *genesis_inspect.MARKERS).stdout.split())
 
     def read(self, rel: str) -> str | None:
         proc = self.repo.git("show", f"{self.sha}:{rel}", check=False)
