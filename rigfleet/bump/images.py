@@ -4,7 +4,7 @@ copied into a mirror registry, manifest bytes unchanged (``--push-mirror``)::
 
     held = prefetch(SshRemote(), load_inventory("inventory/home.py"), candidate, log)
     probe = read_version(SshRemote(), canary_host, candidate, pull=True, caches=held)
-    probe.version, probe.pulled     # ("0.20.2rc1.dev212+g3f9c2a7e5", True)
+    probe.version, probe.source     # ("0.20.2rc1.dev212+g3f9c2a7e5", "pulled")
     removed = prune(remote, host, "vllm/vllm-openai", keep={new.digest, old.digest})
     copied = copy_image(MirrorRegistry(DOCKER_HUB), MirrorRegistry(mirror), repo, tag, digest)
 """
