@@ -324,6 +324,5 @@ def lock_genesis(pins: Pins, catalog: Catalog | None = None, fetch_url: str | No
     hosts = {h: {n: locked(f"hosts.{h}.stacks.{n}", n, p) for n, p in over.items()}
              for h, over in pins.hosts.items()}  # fmt: skip
     if problems:
-        raise GenesisRefused(f"{pins.path}: " + f"\n{pins.path}: ".join(
-            dict.fromkeys(problems)))
+        raise GenesisRefused("\n".join(f"{pins.path}: {p}" for p in dict.fromkeys(problems)))
     return replace(pins, stacks=stacks, hosts=hosts), changes
