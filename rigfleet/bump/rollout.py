@@ -26,6 +26,7 @@ from rigfleet.bump.journal import BumpJournal
 from rigfleet.bump.plan import Plan
 from rigfleet.fleetview import each_host, probe_or_why
 from rigfleet.hostprobe import HostProbe, run_probe
+from rigfleet.hostside.records import GateRecord
 from rigfleet.inventory import InventoryHost
 from rigfleet.pins import Pins, StackPins
 from rigfleet.ssh import Remote
@@ -180,18 +181,16 @@ def gate_of(before: HostProbe | None, after: HostProbe
     report = after.newest_report
     if report is not None and (before is None or report.file not in set(before.report_files)):
         return report.text, report.failed, report.file
-    source = fresh_swap(before, after).get("gate")
-    if not isinstance(source, dict):
-        source = after.state.get("gate")
-        old_gate = before.state.get("gate") if before is not None else None
-        if not isinstance(source, dict) or source == old_gate:
+    gate = GateRecord.from_dict(fresh_swap(before, after).get("gate"))
+    if gate is None:
+        gate = after.gate
+        if gate is None or (before is not None and gate == before.gate):
             return "", (), None
-    names = source.get("failed_checks") or []
-    failed = tuple(str(x) for x in names) if isinstance(names, list) else ()
-    text = str(source.get("result") or "") + (f" ({', '.join(failed)})" if failed else "")
-    if source.get("summary"):
-        text += f": {source['summary']}"
-    return text.strip(), failed, source.get("report")
+    failed = gate.failed_checks
+    text = gate.result + (f" ({', '.join(failed)})" if failed else "")
+    if gate.summary:
+        text += f": {gate.summary}"
+    return text.strip(), failed, gate.report
 
 
 def fresh_swap(before: HostProbe | None, after: HostProbe) -> dict[str, Any]:
