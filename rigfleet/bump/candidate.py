@@ -41,8 +41,7 @@ class Candidate:
 
     @property
     def commit(self) -> str | None:
-        m = NIGHTLY_TAG.fullmatch(self.tag)
-        return m.group("sha") if m else None
+        return m.group("sha") if (m := NIGHTLY_TAG.fullmatch(self.tag)) else None
 
 
 def release_tags(tags: Iterable[str]) -> list[str]:
