@@ -151,11 +151,8 @@ def to_prune(listing: str, repository: str, keep: Iterable[str]) -> list[str]:
     ``keep``, from ``docker image ls --digests`` lines; images with no registry digest stay."""
     keep_set = set(keep)
     refs: list[str] = []
-    for parts in map(str.split, listing.splitlines()):
-        if len(parts) != 3 or parts[0] != repository:
-            continue
-        _, tag, digest = parts
-        if DIGEST.fullmatch(digest) and digest not in keep_set:
+    for repo, tag, digest in (p for p in map(str.split, listing.splitlines()) if len(p) == 3):
+        if repo == repository and DIGEST.fullmatch(digest) and digest not in keep_set:
             refs.append(f"{repository}@{digest}")
             refs += [f"{repository}:{tag}"] if tag != "<none>" else []
     return list(dict.fromkeys(refs))
