@@ -77,17 +77,11 @@ def build_plan(hosts: Sequence[PlanHost], unreachable: Mapping[str, str | None],
     """The plan over ``hosts`` (inventory order); ``unreachable``: host -> why (None: reachable)."""
     new = dict(new_stacks)
     notes: list[str] = []
-    skipped: dict[str, str] = {}
-    up_to_date: list[str] = []
-    moving: list[PlanHost] = []
-    for h in hosts:
-        old = pins.for_host(h.name).stacks
-        if all(old.get(s) == p for s, p in new.items()):
-            up_to_date.append(h.name)
-        elif unreachable.get(h.name):
-            skipped[h.name] = str(unreachable[h.name])
-        else:
-            moving.append(h)
+    up_to_date = [h.name for h in hosts
+                  if all(pins.for_host(h.name).stacks.get(s) == p for s, p in new.items())]
+    skipped = {h.name: str(unreachable[h.name]) for h in hosts
+               if h.name not in up_to_date and unreachable.get(h.name)}
+    moving = [h for h in hosts if h.name not in up_to_date and h.name not in skipped]
 
     canary = _canary(moving, pins, new, notes)
     batches = _batches(canary, moving, batch_size)
