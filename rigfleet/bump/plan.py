@@ -113,14 +113,10 @@ def serving_cap(hosts: Sequence[PlanHost], skipped: Mapping[str, str], pins: Pin
     """Why ``batches`` would swap every reachable host serving a stack at once, or None (a
     stack served by one host only goes on with its 503 window)."""
     by_name = {h.name: h for h in hosts}
-    serving: dict[str, list[str]] = {}
-    for h in hosts:
-        if h.name not in skipped:
-            serving.setdefault(h.stack, []).append(h.name)
     for i, batch in enumerate(batches):
         swapping = [n for n in batch if exercises(by_name[n], pins.for_host(n).stacks, new)]
         for stack in dict.fromkeys(by_name[n].stack for n in swapping):
-            every = serving.get(stack, [])
+            every = [h.name for h in hosts if h.stack == stack and h.name not in skipped]
             if len(every) >= 2 and set(every) <= set(swapping):
                 label = "the canary" if i == 0 else f"batch {i}"
                 return (f"{label} ({', '.join(batch)}) would swap every host serving {stack} "
