@@ -473,13 +473,12 @@ class PyinfraRunner:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"batch-{batch}.log" if self.log_dir else Path(os.devnull)
-        env = {**os.environ, **self.env} if self.env else None
         # stdout carries only the JSON at the end; stderr is the progress, read as it comes.
         with log_path.open("w") as log_file, \
                 tempfile.TemporaryFile("w+", errors="replace") as out_file:
             log_file.write("$ " + " ".join(cmd) + "\n")
-            proc = subprocess.Popen(cmd, cwd=deploy.parent, stdout=out_file, env=env,
-                                    stderr=subprocess.PIPE, text=True, errors="replace")
+            proc = subprocess.Popen(cmd, cwd=deploy.parent, stdout=out_file, stderr=subprocess.PIPE,
+                                    env={**os.environ, **self.env}, text=True, errors="replace")
             assert proc.stderr is not None
             log: list[str] = []
             for line in proc.stderr:
