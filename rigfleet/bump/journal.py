@@ -280,7 +280,6 @@ def _parse_stacks(p: Problems, value: Any, pins: Pins,
     try:
         parsed = parse_pins(data, str(p.where), catalog=catalog)
     except PinsError as e:
-        for line in e.problems:
-            p.lines.append(line.replace(": stacks.", ": new_stacks.", 1))
+        p.lines += [line.replace(": stacks.", ": new_stacks.", 1) for line in e.problems]
         return {}
     return {n: parsed.stacks[n] for n in value}
