@@ -33,9 +33,6 @@ VERIFY_SCHEMA = "rigfleet-verify/1"
 HALF_WRITTEN_LOCK_S = 30.0
 
 
-# --- plain files ------------------------------------------------------------------------------
-
-
 def now_iso(at: float | None = None, suffix: str = "+00:00") -> str:
     """Seconds in ISO 8601, UTC, of ``at`` (epoch seconds; None: now); ``suffix`` "Z" for Zulu."""
     return datetime.fromtimestamp(time.time() if at is None else at, UTC).isoformat(
@@ -111,8 +108,6 @@ def route(path: Path) -> str | None:
     first = (read_text(path) or "").partition("\n")[0]
     return first[len(ROUTE_MARK):].strip() if first.startswith(ROUTE_MARK) else None
 
-
-# --- one codec for the typed records ----------------------------------------------------------
 
 R = TypeVar("R")
 
@@ -226,9 +221,6 @@ def _items(tp: Any, pairs: Any, path: str, strict: bool) -> dict[Any, Any]:
             if strict:
                 raise
     return out
-
-
-# --- the lock holder: one liveness rule -------------------------------------------------------
 
 
 def boot_id() -> str:
@@ -352,9 +344,6 @@ def live_holder(holder: Any) -> dict[str, Any] | None:
     return holder if isinstance(holder, dict) and holder.get("alive") else None
 
 
-# --- gate results -----------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class GateRecord(Coded):
     """The ``gate`` object of ``state.json`` and ledger lines (``GateResult.record()``)."""
@@ -411,8 +400,6 @@ def reports(directory: Path, newest: int = 20) -> tuple[list[str], ReportSummary
     return [os.path.relpath(p, directory) for p in found], next(filter(None, summaries), None)
 
 
-# --- the supervisor ---------------------------------------------------------------------------
-
 SUPERVISE_SCHEMA = "rigfleet-supervise/1"
 
 
@@ -432,8 +419,6 @@ def read_supervisor(path: Path, now: float | None = None) -> dict[str, Any] | No
               and isinstance(a.get("at"), int | float) and a["at"] >= since]
     return {**data, "alive": holder_alive(data), "recreations": len(recent), "now": now}
 
-
-# --- throughput -------------------------------------------------------------------------------
 
 # Where a record comes from: a gate, or ``rigfleet bench --accept-baseline`` (a new baseline).
 SOURCE_GATE, SOURCE_ACCEPTED = "gate", "accepted"
