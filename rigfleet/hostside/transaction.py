@@ -114,8 +114,7 @@ class Transaction(Steps):
             ledger.update_state(self.lay, last_swap={
                 "id": self.plan.id, "at": now_iso(), **{k: getattr(outcome, k) for k in kept}})
         except OSError as e:  # the journal's result (below) still says how it ended
-            self.j.event("done", f"state.json not updated: {e.filename}: {e.strerror or e}",
-                         level="warning")
+            self.j.event("done", f"state.json not updated: {fs_problem(e)}", level="warning")
         self.j.finish(outcome.to_dict())
 
     def _run(self) -> Outcome:
