@@ -78,14 +78,12 @@ class Journal:
             with contextlib.suppress(ValueError):
                 events.append(json.loads(line))
         result = read_state(directory / "result.json") or None
-        out: dict[str, Any] = {"events": events, "next": len(lines), "result": result}
-        pid = read_state(directory / "pid.json") or None
         if result is not None:
-            out["state"] = "done"
-        elif pid is None:
+            state = "done"
+        elif pid := read_state(directory / "pid.json"):
+            state = "running" if holder_alive(pid) else "died"
+        else:
             plan = directory / "plan.json"
             age = time.time() - plan.stat().st_mtime if plan.exists() else 0.0
-            out["state"] = "died" if age > START_GRACE_S else "starting"
-        else:
-            out["state"] = "running" if holder_alive(pid) else "died"
-        return out
+            state = "died" if age > START_GRACE_S else "starting"
+        return {"events": events, "next": len(lines), "result": result, "state": state}

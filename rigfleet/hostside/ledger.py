@@ -63,7 +63,6 @@ def append(lay: Layout, event: str, result: str, serving: StackRef | None, *,
         "deploy_id": deploy_id, **stack_fields(serving), "gate": gate or {"result": "not-run"},
         **{key: stack_fields(ref) for key, ref in (("attempted", attempted),
                                                     ("previous", previous)) if ref is not None},
-        **({"reason": reason} if reason else {}), **(extra or {})}
-    if active and serving is not None:
-        line["ref"] = serving.to_dict()
+        **({"reason": reason} if reason else {}), **(extra or {}),
+        **({"ref": serving.to_dict()} if active and serving is not None else {})}
     append_line(lay.ledger_file, json.dumps(line, sort_keys=True))

@@ -311,8 +311,7 @@ def read_holder(lock_dir: Path) -> dict[str, Any] | None:
         return {"who": "unknown", "why": "lock being taken", "since": None, "pid": None,
                 # A time ahead of now: made before the clock stepped back, not just now.
                 "alive": abs(age) < HALF_WRITTEN_LOCK_S, "half_written": True}
-    holder["alive"] = holder_alive(holder)
-    return holder
+    return {**holder, "alive": holder_alive(holder)}
 
 
 def describe(holder: dict[str, Any]) -> str:
