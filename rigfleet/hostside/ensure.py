@@ -74,9 +74,8 @@ class Ensure(Steps):
             return self._run()
         except LockHeld as held:
             if held.holder.get("window"):  # a maintenance window: the stack stays down, at 503
-                why = str(held.holder.get("why") or "maintenance")
-                self.say_503(f"{why}; the stack comes back through the gate", RETRY_AFTER_S,
-                             "warning")
+                self.say_503(f"{held.holder.get('why') or 'maintenance'}; the stack comes back "
+                             "through the gate", RETRY_AFTER_S, "warning")
                 return self._said("deferred", EXIT_PROMOTED, f"deferred: {held}")
             if self.leave_held:
                 return self._said("left-alone", EXIT_PROMOTED, f"left alone: {held} (waited "
@@ -97,10 +96,9 @@ class Ensure(Steps):
                            serving=self.front.current())
         except OSError as e:  # a full disk, a read-only file system: the unit retries
             reason = f"{fs_problem(e)}; stopped there; rigfleet-stack.service tries again"
-            outcome = self._said("failed", EXIT_RETRY, reason, "error", "disk")
             with contextlib.suppress(OSError):
                 ledger.append(self.lay, "ensure", "failed", None, by=self.who, reason=reason)
-            return outcome
+            return self._said("failed", EXIT_RETRY, reason, "error", "disk")
         finally:
             with contextlib.suppress(OSError):
                 self.lock.release()

@@ -454,9 +454,8 @@ def window_estimate(t: Timings, stack: str | None, busy: bool, fallback_s: int,
         parts.insert(0, ("drain (last measured)", t.drain_s))
     if steps and t.steps_s:
         parts.insert(0, ("steps (last window)", t.steps_s))
-    total = sum(v for _, v in parts)
     basis = " + ".join(f"{k} {v:.1f}s" for k, v in parts if v > 0 or k.startswith("boot"))
-    return Estimate(max(1, math.ceil(total)), f"{basis}, measured on this host")
+    return Estimate(max(1, math.ceil(sum(v for _, v in parts))), f"{basis}, measured on this host")
 
 
 def record_times(lay: Layout, stack: str = "", boot_s: float = 0.0, gate_s: float = 0.0,
