@@ -19,7 +19,7 @@ from .journal import Journal
 from .layout import Layout
 from .lock import HostLock
 from .plan import Active, Plan, PlanError, StackRef, compose_hash
-from .records import ledger_tail, now_iso, read_state, read_text
+from .records import decode_strict, ledger_tail, now_iso, read_state, read_text
 from .steps import EXIT_FAILED
 
 KEEP_JOURNALS = 50
@@ -95,7 +95,7 @@ def _line_ref(lay: Layout, line: dict[str, Any]) -> StackRef | None:
     """The record a ledger line wrote: its ``ref``, else its transaction's plan."""
     with contextlib.suppress(PlanError):
         if isinstance(line.get("ref"), dict):
-            return StackRef.from_dict(line["ref"], "ledger.ref")
+            return decode_strict(StackRef, line["ref"], "ledger.ref", PlanError)
         deploy_id = str(line.get("deploy_id") or "")
         if deploy_id and "/" not in deploy_id:
             return Plan.load(lay.plan_file(deploy_id)).desired

@@ -67,10 +67,6 @@ class StackRef(Coded):
         """What the front's route header says while this stack serves."""
         return f"{self.stack}/{self.config_hash}"
 
-    @classmethod
-    def from_dict(cls, data: Any, where: str = "stack") -> StackRef:
-        return decode_strict(cls, data, where, PlanError)
-
 
 @dataclass(frozen=True)
 class Plan(Coded):
