@@ -31,8 +31,7 @@ def rebuilt_state(lay: Layout) -> dict[str, Any]:
 
 
 def update_state(lay: Layout, **changes: Any) -> dict[str, Any]:
-    """Merge ``changes`` into ``state.json`` (other keys kept); returns the new state. A
-    damaged one is kept aside and rebuilt from the ledger first."""
+    """Merge ``changes`` into ``state.json``; a damaged one: set aside, rebuilt from the ledger."""
     data, err = read_json(lay.state_file)
     if err != "missing" and not isinstance(data, dict):
         move_aside(lay.state_file)
