@@ -41,8 +41,7 @@ from .probe import probe
 from .records import describe, ledger_tail, read_holder, read_state, read_supervisor, route
 from .stackctl import SystemOps, http_request, read_api_key, run_cmd
 from .steps import EXIT_BAD_PLAN, EXIT_LOCKED, GateFn
-from .supervise import POLICY_FLAGS, Policy, parse_backoff
-from .supervise import status_line as supervise_line
+from .supervise import POLICY_FLAGS, Policy, parse_backoff, status_line
 from .supervisor import AlreadyRunning, Supervisor, single_instance
 from .transaction import Transaction
 
@@ -231,7 +230,7 @@ def cmd_status(args: argparse.Namespace, lay: Layout) -> int:
     print(f"route:   {summary['route']}")
     print(f"gate:    {json.dumps(summary['gate'])}")
     print(f"last:    {json.dumps(summary['last_swap'])}")
-    print(f"watch:   {supervise_line(summary['supervisor'])}")
+    print(f"watch:   {status_line(summary['supervisor'])}")
     print(f"maint:   {window_state}" + (f": {window_why}" if window_why else ""))
     if problem:
         print(f"problem: {problem}")
