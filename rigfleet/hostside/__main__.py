@@ -302,8 +302,7 @@ def cmd_supervise(args: argparse.Namespace, lay: Layout) -> int:
     def refresh() -> None:  # a deploy may rotate the API key while this runs for weeks
         ops.api_key = front.api_key = read_api_key(lay.api_key_file, lay.vllm_env_file)
 
-    supervisor = Supervisor(lay, ops, front, policy, stop=_stop(), refresh=refresh,
-                            gate=_gate_fn())
+    supervisor = Supervisor(lay, ops, front, policy, stop=_stop(), refresh=refresh, gate=_gate_fn())
     try:
         with single_instance(lay):
             return supervisor.run()
