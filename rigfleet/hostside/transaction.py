@@ -81,8 +81,7 @@ class Transaction(Steps):
             return self._not_taken(Outcome(
                 "refused", EXIT_FAILED, stack=plan.desired.stack, phase="disk",
                 reason=f"{plan.host or 'host'}: refused before any change: the host lock "
-                f"cannot be taken: {e.filename}: {e.strerror or e}",
-                serving=self.front.current()))
+                f"cannot be taken: {fs_problem(e)}", serving=self.front.current()))
         try:
             if note:
                 self.j.event("lock", note, level="warning")
