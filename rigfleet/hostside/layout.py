@@ -19,9 +19,6 @@ CACHE_ROOT = "/var/cache/rigfleet"
 LIB_ROOT = "/usr/local/lib/rigfleet"
 FRONT_ROOT = "/etc/nginx/rigfleet"
 
-BUNDLE_NAME = "rigfleet-host.pyz"
-# The zipapp's place on a host (roles/swap.py uploads it there).
-BUNDLE_PATH = f"{LIB_ROOT}/{BUNDLE_NAME}"
 CONFIG_HASH_LABEL = "io.rigfleet.config-hash"
 STACK_LABEL = "io.rigfleet.stack"
 # On an image rigfleet derived from a pinned one (rigfleet.runtime_image): the base's digest.
@@ -121,7 +118,7 @@ class Layout:
     stack_cache_dir = _Of(CACHE_ROOT, "{}")
     lib_dir = _At(LIB_ROOT)
     script = _Of(LIB_ROOT, "{}")  # a helper script the deploy installs
-    bundle = _At(LIB_ROOT, BUNDLE_NAME)
+    bundle = _At(LIB_ROOT, "rigfleet-host.pyz")  # the zipapp (roles/swap.py uploads it)
     front_dir = _At(FRONT_ROOT)
     front_route = _At(FRONT_ROOT, "route.conf")
 
@@ -144,3 +141,4 @@ class Layout:
 
 # The host itself: what the control side names in commands and uploads.
 HOST = Layout()
+BUNDLE_PATH = str(HOST.bundle)
