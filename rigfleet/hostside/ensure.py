@@ -16,7 +16,7 @@ from .front import FrontError
 from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld
-from .maintenance import Maintenance, Window, plan_of, window_status
+from .maintenance import Maintenance, plan_of, window_status
 from .plan import READY_TIMEOUT_S, RETRY_AFTER_S, VRAM_TIMEOUT_S, Active, Plan, compose_hash
 from .records import BOOT_CLOCK, now_iso
 from .stackctl import docker_time
@@ -111,8 +111,15 @@ class Ensure(Steps):
 
     def _run(self) -> Outcome:
         win, status, why = window_status(self.lay)
-        if status in ("abandoned", "failed", "damaged"):
-            return self._close_window(win, why)
+        if status in ("abandoned", "failed", "damaged"):  # closed here: recreate + gate
+            if (plan := plan_of(win, self.lay)) is None or self.gate is None:
+                reason = (f"{why}: the stack needs the gate before it serves again; run "
+                          "`rigfleet-host.pyz maintenance close` or the deploy")
+                self.front.maintenance(reason, RETRY_AFTER_S, wait=False)
+                return self._said("failed", EXIT_FAILED, reason, "error", "maintenance")
+            self.j.event("ensure", f"{why}: closing it (recreate + gate)")
+            return Maintenance(self.lay, self.ops, self.front, self.j, plan, gate=self.gate,
+                               lock=self.lock).close()
         active = load_active(self.lay, repair=True, by=self.who)
         if active is None:
             self.front.maintenance("no verified stack on this host yet", RETRY_AFTER_S, wait=False)
@@ -156,19 +163,6 @@ class Ensure(Steps):
         self.j.event("ensure", f"{ref.route_id} recreated and serving ({window:.1f}s)")
         return Outcome("recreated", EXIT_PROMOTED, "ensure", ref.stack, serving=ref.route_id,
                        window_s=window)
-
-    def _close_window(self, window: Window | None, why: str) -> Outcome:
-        """Close a failed or abandoned window (recreate + gate), or say at the front how to."""
-        plan = plan_of(window, self.lay)
-        if plan is None or self.gate is None:
-            reason = (f"{why}: the stack needs the gate before it serves again; run "
-                      "`rigfleet-host.pyz maintenance close` or the deploy")
-            self.front.maintenance(reason, RETRY_AFTER_S, wait=False)
-            return self._said("failed", EXIT_FAILED, reason, "error", "maintenance")
-        self.j.event("ensure", f"{why}: closing it (recreate + gate)")
-        return Maintenance(self.lay, self.ops, self.front, self.j, plan, gate=self.gate,
-                           lock=self.lock).close()
-
 
 def adopt(plan: Plan, lay: Layout, ops: Ops, front: FrontControl, journal: Journal) -> Outcome:
     """Record the plan's stack as active when it already serves; nothing restarts."""
