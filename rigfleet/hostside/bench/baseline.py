@@ -14,6 +14,7 @@ from typing import Any
 
 from ..records import SHAPES, SOURCE_ACCEPTED, ShapeFigures, ThroughputRecord
 from ..verify.health import Finding
+from ..verify.profiles import Profile
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,14 @@ def baseline_for(history: Sequence[ThroughputRecord], stack: str,
             figures[shape] = reference[shape] * scale
             sources[shape] = f"reference {reference[shape]:g} x {scale:g}"
     return Baseline(figures, sources)
+
+
+def profile_baseline(history: Sequence[ThroughputRecord], p: Profile) -> Baseline:
+    """The baseline the gate's throughput check judges by under profile ``p``."""
+    reference = {"narrative": p.throughput_reference_narrative,
+                 "code": p.throughput_reference_code}
+    return baseline_for(history, p.throughput_stack, reference, p.throughput_scale,
+                        p.throughput_history_n, min_records=p.throughput_history_min)
 
 
 @dataclass(frozen=True)

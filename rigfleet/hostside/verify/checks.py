@@ -19,7 +19,7 @@ from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
-from ..bench.baseline import Baseline, Limits, baseline_for, judge
+from ..bench.baseline import Baseline, Limits, judge, profile_baseline
 from ..bench.measure import Bench, BenchSettings, Progress, ShapeResult, acceptance_between
 from ..layout import THROUGHPUT_HISTORY_NAME
 from ..records import ShapeFigures, ThroughputRecord, encode, read_throughput_history
@@ -497,15 +497,13 @@ def throughput(ctx: Context, out: CheckResult) -> CheckResult:
     code = results["code"]
     # No per-position counters (an older vLLM): unknown, not "nothing accepted".
     acceptance = (code.acceptance.per_position or None) if code.acceptance else None
-    reference = {"narrative": p.throughput_reference_narrative,
-                 "code": p.throughput_reference_code}
     history = (read_throughput_history(Path(p.throughput_history_dir)
                                        / THROUGHPUT_HISTORY_NAME, p.throughput_stack)
                if p.throughput_stack and p.throughput_history_dir else [])
-    base = baseline_for(history, p.throughput_stack, reference, p.throughput_scale,
-                        p.throughput_history_n, min_records=p.throughput_history_min)
+    base = profile_baseline(history, p)
     limits = Limits(p.throughput_margin, p.throughput_cv_max, p.throughput_acceptance_floor)
-    judged = bool(p.throughput_stack) or any(v > 0 for v in reference.values())
+    judged = bool(p.throughput_stack) or p.throughput_reference_narrative > 0 or \
+        p.throughput_reference_code > 0
     out.findings = judge(measured, acceptance, base, limits)
     if not judged:
         out.findings = [f for f in out.findings if f.name == "no_measurement"]
