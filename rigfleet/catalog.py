@@ -386,12 +386,11 @@ def _image_rule(p: Problems, value: Any) -> ImageRule:
         elif isinstance(raw, int | float) and not isinstance(raw, bool):
             raw = str(raw)  # `min_version: 0.22` unquoted
         versions[key] = p.string(f"image.{key}", raw, _VERSION, required=False)
-    low, high = versions["min_version"], versions["below_version"]
-    low_key, high_key = version_key(low or ""), version_key(high or "")
-    if low_key is not None and high_key is not None and low_key >= high_key:
-        p.bad("image.below_version", high, f"a release above min_version {low}",
-              "is not above min_version")
-    return ImageRule(tuple(kinds), low, high)
+    rule = ImageRule(tuple(kinds), versions["min_version"], versions["below_version"])
+    if rule.min_version and rule.below_version and not rule.allows_version(rule.min_version):
+        p.bad("image.below_version", rule.below_version,
+              f"a release above min_version {rule.min_version}", "is not above min_version")
+    return rule
 
 
 def _entries(p: Problems, key: str, value: Any) -> list[dict[str, str]]:
