@@ -1,9 +1,6 @@
-"""One way to check data people write: pins, host data and stack files all use it.
-
-A ``Problems`` collects every problem in one pass, each one line:
-``<file or host>: <key.path>: <value> <what is wrong>; allowed: <what would do>``. Checks
-return the checked value or ``None`` (the problem recorded). ``load_yaml`` reads YAML strictly:
-UTF-8 only, no duplicate keys::
+"""One way to check data people write (pins, host data, stack files): a ``Problems`` collects
+every problem in one pass, one line each (``<where>: <key>: <value> <what is wrong>; allowed:
+<what would do>``); ``load_yaml`` reads YAML strictly (UTF-8 only, no duplicate keys)::
 
     p = Problems("pins.yaml", pin_keys.TABLE)
     top = p.mapping("", data)
