@@ -496,8 +496,8 @@ _ON = {"gpu": "GPU hosts", "balancer": "balancers", "monitor": "monitors", "cach
        "any": "all hosts"}
 
 
-def render_doc() -> str:
-    """docs/hostdata.md: one reference table per group of ``KEYS``."""
+def render_doc(text: str) -> str:
+    """docs/hostdata.md's ``text``: its own opening, then one table per group of ``KEYS``."""
 
     def cell(text: str) -> str:  # Markdown would take these for a column, emphasis or HTML
         return re.sub(r"([|*<])", r"\\\1", text)
@@ -510,14 +510,7 @@ def render_doc() -> str:
         value = list(key.default) if isinstance(key.default, tuple) else key.default
         return f"`{value!r}`"
 
-    out = ["# Host data reference", "",
-           "<!-- Generated from rigfleet/hostdata.py KEYS by `python -m rigfleet.hostdata`; "
-           "edit the table there, not this file. -->", "",
-           "Every key rigfleet reads from a host's inventory data (`inventory/group_data/*.py` "
-           "for the fleet, the host's own data over it). A key that is almost one of these is "
-           "refused as a typo; every string is refused when it holds a control character; each "
-           "refusal names the host, the key, the value and what is allowed. A test fails when "
-           "this file and the table differ.", ""]
+    out = [text.partition("\n## ")[0]]
     for group, title in GROUPS.items():
         out += [f"## {title}", "", "| key | hosts | allowed | default | meaning |",
                 "|---|---|---|---|---|"]
@@ -529,8 +522,9 @@ def render_doc() -> str:
 
 
 def main() -> int:
-    """``python -m rigfleet.hostdata``: write docs/hostdata.md (a unit test compares them)."""
-    (Path(__file__).resolve().parent.parent / DOC).write_text(render_doc(), encoding="utf-8")
+    """``python -m rigfleet.hostdata``: rewrite docs/hostdata.md's tables (a unit test compares)."""
+    path = Path(__file__).resolve().parent.parent / DOC
+    path.write_text(render_doc(path.read_text(encoding="utf-8")), encoding="utf-8")
     print(f"{DOC}: written ({len(KEYS)} keys)")
     return 0
 
