@@ -135,8 +135,8 @@ def truthy(value: str) -> bool:
 
 @dataclass(frozen=True)
 class StackUse:
-    """How stack ``spec`` uses Genesis: its container environment (``file_env``, then the host's
-    ``extra_env`` names ``host_env``) and the patches it ``needs``."""
+    """How stack ``spec`` uses Genesis: its container environment (the stack file's, then the
+    host's ``extra_env`` names ``host_env``) and the patches it ``needs``."""
 
     spec: StackSpec
     generation: str
@@ -144,7 +144,6 @@ class StackUse:
     host_env: frozenset[str] = frozenset()
     switches_on: frozenset[str] = frozenset()
     needs: tuple[str, ...] = ()
-    file_env: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, spec: StackSpec, generation: str,
@@ -167,7 +166,6 @@ class StackUse:
             host_env=frozenset(extra),
             switches_on=frozenset(f"GENESIS_ENABLE_{s}" for s in on),
             needs=spec.genesis.needs,
-            file_env=file_env,
         )
 
     def fix(self, name: str) -> str:
@@ -253,7 +251,7 @@ def _unknown(report: TreeReport, prefix: str, suffix: str, label: str) -> str:
 def needs_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str]:
     """Needed patches Genesis ``label`` lacks, skips as retired, or the stack file leaves off."""
     problems = []
-    on = {t.patch for name, value in use.file_env.items() if truthy(value)
+    on = {t.patch for name, value in use.spec.environment(use.generation).items() if truthy(value)
           for t in report.targets(name)}  # fmt: skip
     for need in use.needs:
         head = f"stack {use.spec.name}: needs Genesis patch {need}"
