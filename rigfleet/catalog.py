@@ -187,9 +187,9 @@ class StackSpec:
     num_speculative_tokens: int
     args: tuple[str, ...]
     env: Mapping[str, str]
+    source: str  # the stack file
     entrypoint_argv: tuple[str, ...] = ()
     genesis: GenesisSpec | None = None
-    source: str = ""
     gpu_memory_mib: int | None = None
     image: ImageRule = ImageRule()
     boot_expect: tuple[BootSignature, ...] = ()

@@ -174,7 +174,7 @@ class StackUse:
             return f"remove it from host data extra_env.{self.spec.name} (or set it to 0)"
         where = (f"the stack file's genesis.switches.{self.generation}.on"
                  if name in self.switches_on else "the stack file's env")
-        return f"remove it from {where}" + (f" ({self.spec.source})" if self.spec.source else "")
+        return f"remove it from {where} ({self.spec.source})"
 
     @property
     def allows_retired(self) -> bool:
@@ -270,8 +270,7 @@ def needs_problems(report: TreeReport, use: StackUse, *, label: str) -> list[str
                            if any(t.patch == pid for t in ts))  # fmt: skip
             problems.append(f"{head}, but no switch that turns it on is set to 1 (Genesis {label} "
                             f"switches it with {', '.join(names) or flag}); add it to the stack "
-                            f"file's genesis.switches.{use.generation}.on"
-                            + (f" ({use.spec.source})" if use.spec.source else ""))
+                            f"file's genesis.switches.{use.generation}.on ({use.spec.source})")
     return problems
 
 

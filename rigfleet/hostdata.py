@@ -470,7 +470,7 @@ def check_gpus(host: str, gpu_count: int, spec: StackSpec, gpus: Sequence[GpuInf
         if need and (have := gpu.memory_total_mib) is not None and have < need:
             problems.append(
                 f"{host}: stack: {spec.name!r} needs {need} MiB per card "
-                f"(gpus.memory_mib in {spec.source or 'its stack file'}) but {_card(gpu)} has "
+                f"(gpus.memory_mib in {spec.source}) but {_card(gpu)} has "
                 f"{have} MiB; allowed: a stack whose cards fit, or cards with enough memory")
     return problems
 

@@ -113,20 +113,19 @@ def parse_output(ok: bool, stdout: Sequence[str], stderr: Sequence[str]) -> Verd
 
 def refusal(verdict: Verdict, spec: StackSpec, image: str) -> str | None:
     """The deploy's error for ``verdict`` on stack ``spec`` (None when all is accepted)."""
-    where = spec.source or f"stack {spec.name}"
     vllm = f"vLLM {verdict.version}" if verdict.version else "its vLLM"
     untouched = "nothing on the host changed (what serves keeps serving)"
     if verdict.problem:
-        return (f"{where}: vllm: could not be checked with {image}'s own vLLM parser "
+        return (f"{spec.source}: vllm: could not be checked with {image}'s own vLLM parser "
                 f"({verdict.problem}); {untouched}. The image must be staged and carry vLLM's "
                 "make_arg_parser (vllm.entrypoints.openai or .launchers cli_args)")
     problems = [
-        f"{where}: vllm.args: {verdict.error} (refused by the parser of {vllm} in {image}); "
+        f"{spec.source}: vllm.args: {verdict.error} (refused by the parser of {vllm} in {image}); "
         f"allowed: the options `docker run --rm --entrypoint vllm {image} serve --help` "
         "lists; fix the stack file's vllm.args or knobs, or pin an image whose vLLM "
         "has the option"] if verdict.error else []
     problems += [
-        f"{where}: env: {name}: not a setting of {vllm} in {image} (its vllm.envs does not "
+        f"{spec.source}: env: {name}: not a setting of {vllm} in {image} (its vllm.envs does not "
         "define it, so it would do nothing); allowed: the VLLM_* names of that version's "
         "vllm/envs.py; rename or remove it in the stack file" for name in verdict.unknown_env]
     return "; ".join([*problems, untouched]) if problems else None
