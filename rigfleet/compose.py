@@ -134,8 +134,8 @@ class _Dumper(yaml.SafeDumper):
         return True
 
     def represent_str(self, data: str) -> yaml.ScalarNode:
-        style = "|" if "\n" in data else None
-        return self.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+        return self.represent_scalar("tag:yaml.org,2002:str", data,
+                                     style="|" if "\n" in data else None)
 
 
 _Dumper.add_representer(str, _Dumper.represent_str)

@@ -408,8 +408,7 @@ class ImageLabels(FactBase[dict[str, str] | None]):
     @override
     def process(self, output: list[str]) -> dict[str, str] | None:
         with suppress(ValueError):  # no such image: no output
-            data = json.loads("\n".join(output))
-            return {str(k): str(v) for k, v in (data or {}).items()}
+            return {str(k): str(v) for k, v in (json.loads("\n".join(output)) or {}).items()}
         return None
 
 
