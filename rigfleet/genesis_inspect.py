@@ -173,9 +173,8 @@ def _parse(text: str, where: str) -> ast.Module:
 
 def strings(value: object) -> list[str]:
     """The string items of a literal list/tuple/set (anything else: empty)."""
-    if isinstance(value, list | tuple | set | frozenset):
-        return [v for v in value if isinstance(v, str)]
-    return []
+    items = value if isinstance(value, list | tuple | set | frozenset) else ()
+    return [v for v in items if isinstance(v, str)]
 
 
 def parse_allowlist(text: str, where: str) -> tuple[list[str], list[str]]:

@@ -424,8 +424,7 @@ class _Checker(Problems):
 
     def image(self, key: str, value: Any) -> str | None:
         text = self.allowed(key) or ""
-        image = self.string(key, value, _IMAGE, text)
-        if image is None:
+        if (image := self.string(key, value, _IMAGE, text)) is None:
             return None
         tag = image.rsplit(":", 1)[1]
         if tag in MUTABLE_TAGS or tag.endswith("-nightly"):
