@@ -38,7 +38,7 @@ from rigfleet.hostside.supervise import Policy
 from rigfleet.hostside.verify.profiles import PROFILES
 from rigfleet.image_sources import DEFAULT_SOURCES, KINDS, ImageSource, parse_sources
 from rigfleet.tlsfiles import FrontTls, check_tls
-from rigfleet.validate import GIT_URL, ValidationError
+from rigfleet.validate import GIT_URL, Problems, ValidationError
 
 _FLAG = "true or false (on the command line: --data KEY=1)"
 _SECRET = f"a file on this (control) machine, mode 0600, one line of {TOKEN_ALLOWED}"
@@ -433,46 +433,41 @@ def stop_on_preflight(data: Mapping[str, Any] | Any) -> bool:
 
 def check_caps_against_gpus(host: str, caps: Sequence[int], gpus: Sequence[GpuInfo]) -> None:
     """A cap outside its card's own range raises ``HostDataError`` (boards may keep the old)."""
-    problems: list[str] = []
+    p = Problems(host)
     ordered = sorted(gpus, key=lambda g: g.index)
     if len(caps) != len(ordered):
-        indexes = ", ".join(str(g.index) for g in ordered) or "none"
-        problems.append(
-            f"{host}: power_caps_w: {list(caps)!r} has {len(caps)} cap(s) but the host has "
-            f"{len(ordered)} GPU(s) (indexes: {indexes}); allowed: one cap per card "
-            "(and gpu_count set to the number of cards)")
+        p.bad("power_caps_w", list(caps), "one cap per card (and gpu_count set to the number of "
+              "cards)", f"has {len(caps)} cap(s) but the host has {_listed(ordered)}")
     for pos, (cap, gpu) in enumerate(zip(caps, ordered, strict=False)):
         low, high = gpu.power_min_limit_w, gpu.power_max_limit_w
-        card = _card(gpu)
         if low is None or high is None:
-            problems.append(
-                f"{host}: power_caps_w[{pos}]: {cap!r} W cannot be applied: {card} reports no "
-                "power limit range ([N/A]); allowed: a card whose limit can be set")
+            p.bad(f"power_caps_w[{pos}]", cap, "a card whose limit can be set",
+                  f"W cannot be applied: {_card(gpu)} reports no power limit range ([N/A])")
         elif not low <= cap <= high:
-            problems.append(f"{host}: power_caps_w[{pos}]: {cap!r} W is outside {card}'s "
-                            f"range; allowed: {low:g}..{high:g} W")
-    if problems:
-        raise HostDataError(problems)
+            p.bad(f"power_caps_w[{pos}]", cap, f"{low:g}..{high:g} W",
+                  f"W is outside {_card(gpu)}'s range")
+    p.raise_if_any(HostDataError)
 
 
 def check_gpus(host: str, gpu_count: int, spec: StackSpec, gpus: Sequence[GpuInfo]) -> list[str]:
     """What is wrong with the cards the host reports (their count, each one's memory)."""
-    problems: list[str] = []
+    p = Problems(host)
     ordered = sorted(gpus, key=lambda g: g.index)
     if len(ordered) != gpu_count:
-        indexes = ", ".join(str(g.index) for g in ordered) or "none"
-        problems.append(
-            f"{host}: gpu_count: {gpu_count} but nvidia-smi lists {len(ordered)} GPU(s) "
-            f"(indexes: {indexes}); allowed: gpu_count set to the cards the host has "
-            "(a card missing from the list: check its seating and power)")
+        p.bad("gpu_count", gpu_count, "gpu_count set to the cards the host has (a card missing "
+              "from the list: check its seating and power)", f"but nvidia-smi lists "
+              f"{_listed(ordered)}")
     need = spec.gpu_memory_mib
     for gpu in ordered:
         if need and (have := gpu.memory_total_mib) is not None and have < need:
-            problems.append(
-                f"{host}: stack: {spec.name!r} needs {need} MiB per card "
-                f"(gpus.memory_mib in {spec.source}) but {_card(gpu)} has "
-                f"{have} MiB; allowed: a stack whose cards fit, or cards with enough memory")
-    return problems
+            p.bad("stack", spec.name, "a stack whose cards fit, or cards with enough memory",
+                  f"needs {need} MiB per card (gpus.memory_mib in {spec.source}) but "
+                  f"{_card(gpu)} has {have} MiB")
+    return p.lines
+
+
+def _listed(ordered: Sequence[GpuInfo]) -> str:
+    return f"{len(ordered)} GPU(s) (indexes: {', '.join(str(g.index) for g in ordered) or 'none'})"
 
 
 def _card(gpu: GpuInfo) -> str:
