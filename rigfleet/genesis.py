@@ -135,8 +135,7 @@ def truthy(value: str) -> bool:
 
 @dataclass(frozen=True)
 class StackUse:
-    """How stack ``spec`` uses Genesis: its container environment (the stack file's, then the
-    host's ``extra_env`` names ``host_env``) and the patches it ``needs``."""
+    """How stack ``spec`` uses Genesis: its environment (``host_env``: from extra_env), needs."""
 
     spec: StackSpec
     generation: str
