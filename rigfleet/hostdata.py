@@ -1,5 +1,5 @@
 """Host data, checked on the control side before any host changes; every key is described once,
-in ``KEYS`` (``python -m rigfleet.hostdata`` writes docs/hostdata.md from it)::
+in ``KEYS`` (``python -m rigfleet.hostdata docs/hostdata.md`` writes its tables)::
 
     settings = validate_host(host.name, host.data)   # host.data or a plain dict
     settings.power_caps_w    # (290, 290): one cap per card
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from rigfleet.aptrepos import OS_ALLOWED, AptRepo, check_apt_repos, os_named
@@ -37,6 +37,7 @@ from rigfleet.hostside.plan import GATE_TIMEOUT_S, READY_TIMEOUT_S, RETRY_AFTER_
 from rigfleet.hostside.supervise import Policy
 from rigfleet.hostside.verify.profiles import PROFILES
 from rigfleet.image_sources import DEFAULT_SOURCES, KINDS, ImageSource, parse_sources
+from rigfleet.keytable import write_docs
 from rigfleet.tlsfiles import FrontTls, check_tls
 from rigfleet.validate import GIT_URL, Problems, ValidationError
 
@@ -474,7 +475,6 @@ def _card(gpu: GpuInfo) -> str:
     return f"card {gpu.index}" + (f" ({gpu.name})" if gpu.name else "")
 
 
-DOC = "docs/hostdata.md"
 GROUPS = {
     "Serving": "What the host serves and how",
     "Secrets": "Secrets (files on this machine; never in the inventory itself)",
@@ -516,13 +516,5 @@ def render_doc(text: str) -> str:
     return "\n".join(out)
 
 
-def main() -> int:
-    """``python -m rigfleet.hostdata``: rewrite docs/hostdata.md's tables (a unit test compares)."""
-    path = Path(__file__).resolve().parent.parent / DOC
-    path.write_text(render_doc(path.read_text(encoding="utf-8")), encoding="utf-8")
-    print(f"{DOC}: written ({len(KEYS)} keys)")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(write_docs(sys.argv, "python -m rigfleet.hostdata docs/hostdata.md", render_doc))

@@ -45,7 +45,7 @@ def problems(tmp_path: Path, **extra: Any) -> list[str]:
 def test_docs_hostdata_md_is_the_table() -> None:
     text = (REPO_ROOT / "docs" / "hostdata.md").read_text(encoding="utf-8")
     assert text == render_doc(text), (
-        "docs/hostdata.md differs from KEYS: python -m rigfleet.hostdata")
+        "docs/hostdata.md differs from KEYS: python -m rigfleet.hostdata docs/hostdata.md")
     for key in KEYS.values():
         assert key.allowed and key.doc and key.group in GROUPS, key.name
         assert f"| `{key.name}` |" in text
