@@ -220,9 +220,8 @@ def switch_problems(report: TreeReport, use: StackUse, *, label: str) -> list[st
         elif (report.retired_skipped and not use.allows_retired
               and all(t.lifecycle == "retired" for t in targets)):
             ids = ", ".join(dict.fromkeys(t.patch for t in targets))
-            alias = all(t.via == "alias" for t in targets)
-            what = (f"it is an alias of patch {ids}, which is retired" if alias
-                    else f"patch {ids} is retired")  # fmt: skip
+            what = (f"it is an alias of patch {ids}, which is retired"
+                    if all(t.via == "alias" for t in targets) else f"patch {ids} is retired")
             problems.append(f"{head}{what} in Genesis {label}; {use.fix(name)}")
     return problems
 

@@ -353,8 +353,7 @@ class _Checker(Problems):
                 self.bad(f"{pin.key}.local_dir", pin.local_dir,
                          allowed("models.<repo>.local_dir"), f"is {dirs[pin.local_dir]}'s too")
             dirs[pin.local_dir] = pin.key
-        section = {pin.repo: pin for pin in pins if pin.key != "model"}
-        return (pins[0] if pins else None), section
+        return (pins[0] if pins else None), {pin.repo: pin for pin in pins if pin.key != "model"}
 
     def model_entry(self, key: str, repo: str | None, value: Any) -> ModelPin | None:
         """``{revision, local_dir}`` of the model ``repo`` at ``key`` (``model`` names its own)."""
