@@ -491,8 +491,8 @@ _ON = {"gpu": "GPU hosts", "balancer": "balancers", "monitor": "monitors", "cach
        "any": "all hosts"}
 
 
-def render_doc(text: str) -> str:
-    """docs/hostdata.md's ``text``: its own opening, then one table per group of ``KEYS``."""
+def render_doc(page: str) -> str:
+    """docs/hostdata.md's text ``page``: its own opening, then one table per group of ``KEYS``."""
 
     def cell(text: str) -> str:  # Markdown would take these for a column, emphasis or HTML
         return re.sub(r"([|*<])", r"\\\1", text)
@@ -505,7 +505,7 @@ def render_doc(text: str) -> str:
         value = list(key.default) if isinstance(key.default, tuple) else key.default
         return f"`{value!r}`"
 
-    out = [text.partition("\n## ")[0]]
+    out = [page.partition("\n## ")[0]]
     for group, title in GROUPS.items():
         out += [f"## {title}", "", "| key | hosts | allowed | default | meaning |",
                 "|---|---|---|---|---|"]
