@@ -135,7 +135,7 @@ def truthy(value: str) -> bool:
 
 @dataclass(frozen=True)
 class StackUse:
-    """How stack ``spec`` uses Genesis: its environment (``host_env``: from extra_env), needs."""
+    """Stack ``spec``'s use of Genesis: its env (the file's, then ``host_env`` from extra_env)."""
 
     spec: StackSpec
     generation: str
