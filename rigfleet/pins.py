@@ -280,8 +280,7 @@ class _Checker(Problems):
         return self.string(key, value, pattern, text)
 
     def pins(self, data: Any) -> Pins | None:
-        top = self.mapping("", data)
-        if top is None:
+        if (top := self.mapping("", data)) is None:
             return None
         if top.get("schema") != SCHEMA:
             self.bad("schema", top.get("schema"), allowed("schema"), "is not a supported schema")
