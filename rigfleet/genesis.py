@@ -39,8 +39,6 @@ if TYPE_CHECKING:
 
 # How Genesis reads a switch's value (both generations): stripped, lower-cased, one of these.
 TRUTHY = frozenset({"1", "true", "yes", "on"})
-ENABLE_PREFIXES = ("GENESIS_ENABLE_", "SNDR_ENABLE_")
-ALLOW_RETIRED = "GENESIS_ALLOW_RETIRED"
 # A legacy patch's env_flag switches nothing: Genesis applies it on every run.
 LEGACY_PREFIX = "GENESIS_LEGACY_"
 # Genesis' categories for patches that fix wrong output or crashes (registry.py ``category``).
@@ -177,7 +175,7 @@ class StackUse:
 
     @property
     def allows_retired(self) -> bool:
-        return truthy(self.env.get(ALLOW_RETIRED, ""))
+        return truthy(self.env.get("GENESIS_ALLOW_RETIRED", ""))
 
 
 def allowlist_summary(report: TreeReport) -> str:
@@ -208,7 +206,7 @@ def switch_problems(report: TreeReport, use: StackUse, *, label: str) -> list[st
     """Switches set to 1 that Genesis ``label`` does not know, or would skip as retired."""
     problems: list[str] = []
     for name, value in use.env.items():
-        prefix = next((p for p in ENABLE_PREFIXES if name.startswith(p)), None)
+        prefix = next((p for p in ("GENESIS_ENABLE_", "SNDR_ENABLE_") if name.startswith(p)), None)
         if prefix is None or not truthy(value):
             continue
         suffix = name[len(prefix):]
