@@ -100,8 +100,6 @@ GENERATIONS: dict[str, GenesisLayout] = {
 # Genesis v8.0-v11.x kept the package at vllm/sndr_core: neither layout rigfleet mounts.
 UNSUPPORTED: dict[str, str] = {"vllm/sndr_core": "a Genesis v8-v11 tree (vllm/sndr_core)"}
 MARKERS: tuple[str, ...] = (*(f.check_file for f in GENERATIONS.values()), *UNSUPPORTED)
-# Lifecycle as Genesis derives it (compat/lifecycle.py get_state, in both generations).
-DEFAULT_LIFECYCLE = "stable"
 _TAG_VERSION = re.compile(r"v?(\d+(?:\.\d+)+(?:[.-]?[A-Za-z0-9]+)*)")
 _TOML_VERSION = re.compile(r"""version\s*=\s*["']([^"']+)["']\s*(#.*)?""")
 
@@ -185,10 +183,10 @@ def parse_allowlist(text: str, where: str) -> tuple[list[str], list[str]]:
 
 
 def lifecycle(meta: Mapping[str, Any]) -> str:
-    """A registry entry's lifecycle as Genesis derives it (docs/genesis.md)."""
+    """A registry entry's lifecycle as Genesis derives it (compat/lifecycle.py get_state)."""
     if isinstance(explicit := meta.get("lifecycle"), str) and explicit:
         return explicit
-    return "deprecated" if meta.get("deprecated") else DEFAULT_LIFECYCLE
+    return "deprecated" if meta.get("deprecated") else "stable"
 
 
 def switch_names(meta: Mapping[str, Any], files: GenesisLayout) -> list[tuple[str, str]]:

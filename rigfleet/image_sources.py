@@ -17,7 +17,6 @@ from rigfleet.hostchecks import HostChecker
 from rigfleet.hostside.layout import CACHE_ROOT
 
 KINDS = ("hub", "registry", "archive", "host-archive")
-VIAS = ("stream", "upload")
 NO_CHECK = "none"
 # TODO(lead): a Layout property (rigfleet/hostside/layout.py) once that file can change.
 DEFAULT_UPLOAD_DIR = f"{CACHE_ROOT}/image-uploads"
@@ -112,7 +111,7 @@ def _source(c: HostChecker, base: str, entry: Any, shape: str) -> ImageSource | 
     raw = c.string(f"{base}.path", entry.get("path"), None,
                    "a `docker save` .tar file or a directory of them on this (control) "
                    "machine, e.g. '~/image-archive'")
-    via = c.choice(f"{base}.via", entry.get("via", "stream"), VIAS)
+    via = c.choice(f"{base}.via", entry.get("via", "stream"), ("stream", "upload"))
     upload_dir = c.posix_path(f"{base}.upload_dir", entry.get("upload_dir"),
                               "an absolute directory on the host", required=False)
     path = str(Path(os.path.expanduser(raw)).absolute()) if raw else None

@@ -18,7 +18,6 @@ from rigfleet.commands.weights import pip_index
 from rigfleet.hostside.layout import BASE_DIGEST_LABEL as BASE_LABEL
 from rigfleet.pins import StackPins
 
-REPOSITORY = "rigfleet"
 PACKAGES_LABEL = "io.rigfleet.runtime-packages"
 
 
@@ -43,7 +42,7 @@ class RuntimeImage:
         """``rigfleet/<stack>-runtime:<digest12>-<packages hash>`` (local only, never pulled)."""
         base = self.digest.removeprefix("sha256:")[:12]
         packages = hashlib.sha256("\n".join(self.packages).encode()).hexdigest()[:8]
-        return f"{REPOSITORY}/{self.stack}-runtime:{base}-{packages}"
+        return f"rigfleet/{self.stack}-runtime:{base}-{packages}"
 
     def dockerfile(self, index_url: str | None = None) -> str:
         """The pinned base, the pinned packages from ``index_url``, labels saying both."""
