@@ -20,6 +20,7 @@ from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.hostside.layout import CONFIG_HASH_LABEL, HOST
 from rigfleet.hostside.plan import StackRef
 from rigfleet.hostside.records import TRACKED_KEYS
+from rigfleet.hostside.verify.profiles import Profile, resolve
 from rigfleet.pins import GenesisPin, ModelPin, Pins, PinsError, StackPins, load_pins
 from rigfleet.resources import PROJECT_ROOT
 
@@ -161,6 +162,12 @@ def stack_gate_set(spec: StackSpec, settings: HostSettings) -> tuple[str, ...]:
     if spec.throughput is not None:
         out += spec.throughput.gate_set()
     return tuple(out)
+
+
+def gate_profile(settings: HostSettings, spec: StackSpec) -> Profile:
+    """The profile the gate judges ``spec`` by on this host (the plan's gate settings)."""
+    return resolve(settings.swap.gate_profile,
+                   (*stack_gate_set(spec, settings), *settings.swap.gate_set))
 
 
 def check_pinned(settings: HostSettings, pins: Pins) -> list[str]:
