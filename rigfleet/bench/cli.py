@@ -4,8 +4,7 @@
     rigfleet bench --inventory inventory/home.py [--limit HOST|GROUP ...] [--timeout S]
     rigfleet bench --inventory inventory/home.py --accept-baseline HOST
 
-What is measured and written: docs/bench.md. Exit status: 0 all measured, 1 something measured
-nothing, 2 bad arguments.
+What is measured and written, and the exit statuses: docs/bench.md.
 """
 
 from __future__ import annotations
@@ -65,9 +64,8 @@ class Target:
 
     @property
     def reference(self) -> dict[str, float]:
-        if self.stack is None or self.stack.throughput is None:
-            return {}
-        return {k: v * self.scale for k, v in self.stack.throughput.reference.items()}
+        thr = self.stack.throughput if self.stack else None
+        return {k: v * self.scale for k, v in thr.reference.items()} if thr else {}
 
     def baseline(self) -> Baseline | None:
         if self.stack is None:
