@@ -1,6 +1,5 @@
-"""The known causes of a slow host, each with its evidence, what to change and its ``impact``:
-the estimated share of decode speed it costs, which orders the list (not a measurement). Pure;
-the rules and their sources: docs/bench.md, "rigfleet doctor"::
+"""The known causes of a slow host, ranked by ``impact`` (the estimated, not measured, share
+of decode speed lost), each with evidence and a fix. Pure; docs/bench.md, "rigfleet doctor"::
 
     causes = diagnose(evidence, Expect(tp=1, kv_cache_dtype="fp8_e5m2", floors=(...)))
     causes[0].title, causes[0].impact, causes[0].fix
@@ -134,12 +133,11 @@ def pcie(ev: Evidence, exp: Expect) -> Cause | None:
     for c in cards:
         gen, width = c.gen_load or 1, c.width_load or c.width_max or 16
         card_gen = c.gen_gpumax or RTX3090_LINK[0]
-        line = (f"gpu{c.index}: gen{gen:.0f} x{width:.0f} under load (slot allows gen"
-                f"{c.gen_max or '?':.0f} x{c.width_max or 0:.0f}; the card gen{card_gen:.0f} "
-                f"x{RTX3090_LINK[1]}; gen{c.gen_idle or 0:.0f} at idle)")
-        if c.utilization is not None:
-            line += f", utilization {c.utilization:.0f}%"
-        evidence.append(line)
+        evidence.append(
+            f"gpu{c.index}: gen{gen:.0f} x{width:.0f} under load (slot allows gen"
+            f"{c.gen_max or '?':.0f} x{c.width_max or 0:.0f}; the card gen{card_gen:.0f} "
+            f"x{RTX3090_LINK[1]}; gen{c.gen_idle or 0:.0f} at idle)"
+            + (f", utilization {c.utilization:.0f}%" if c.utilization is not None else ""))
         worst = min(worst, _bw(gen, width) / ref)
     if worst >= 0.999:
         return Cause("pcie-link", "PCIe links at gen4 x16 under load", RULED_OUT, 0.0,
@@ -309,8 +307,7 @@ def diagnose(ev: Evidence, exp: Expect) -> list[Cause]:
     """Every rule's finding, causes first by impact, then info, then ruled-out."""
     found: list[Cause] = [c for rule in RULES if (c := rule(ev, exp)) is not None]
     found += kv_and_batching(ev, exp)
-    order = {CAUSE: 0, INFO: 1, RULED_OUT: 2}
-    return sorted(found, key=lambda c: (order[c.kind], -c.impact))
+    return sorted(found, key=lambda c: ((CAUSE, INFO, RULED_OUT).index(c.kind), -c.impact))
 
 
 @dataclass(frozen=True)
