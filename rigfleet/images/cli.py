@@ -269,17 +269,15 @@ def cmd_import(args: argparse.Namespace) -> int:
                       vllm_version=sidecar.get("vllm_version"), sha256=sha,
                       bytes=info.size, imported_from=str(args.file))
         result.update(into=str(dest), sha256=sha)
-    if args.host:
-        # Without a known digest the image is verified by its id alone (a loaded image has none).
-        want = WantedImage(image, digest or chosen.image_id, chosen.image_id, ())
-        remote = ssh.SshRemote(connect_timeout=args.timeout)
-        for name in args.host:
-            try:
-                with progress_bar(f"{name}: docker load {image}", info.size) as meter:
-                    result["hosts"][name] = load_archive(remote, targets[name], want, args.file,
-                                                         meter)
-            except (RigfleetError, HostUnreachable, OSError) as e:
-                result["hosts"][name] = f"failed: {e}"
+    # Without a known digest the image is verified by its id alone (a loaded image has none).
+    want = WantedImage(image, digest or chosen.image_id, chosen.image_id, ())
+    remote = ssh.SshRemote(connect_timeout=args.timeout)
+    for name in args.host:
+        try:
+            with progress_bar(f"{name}: docker load {image}", info.size) as meter:
+                result["hosts"][name] = load_archive(remote, targets[name], want, args.file, meter)
+        except (RigfleetError, HostUnreachable, OSError) as e:
+            result["hosts"][name] = f"failed: {e}"
     result["pin"] = pins = {k: v for k, v in (("image", image), ("digest", digest),
                                               ("image_id", chosen.image_id)) if v}
     t = Table(f"rigfleet images import {args.file.name}", ["where", "result"], keys=("where",))
