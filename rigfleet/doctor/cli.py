@@ -1,8 +1,5 @@
-"""``rigfleet doctor [--load-s 15]``: one probe per GPU host samples the cards under a short
-load; each host's decode is judged against its baseline and the fleet's median for the same
-stack and pins, then the known causes are ranked. Exit status: 0 no host is slow, 1 some host
-is slow, 2 some host could not be examined, 3 the inventory cannot be read.
-"""
+"""``rigfleet doctor [--load-s 15]``: each GPU host's decode under a short load against its
+baseline and its peers' median, the known causes ranked (exit statuses: docs/bench.md)."""
 
 from __future__ import annotations
 

@@ -56,8 +56,7 @@ class WantedImage:
 
 def wanted_images(stacks: Mapping[str, StackPins]
                   ) -> tuple[tuple[WantedImage, ...], tuple[str, ...]]:
-    """The images the staged stacks pin, one per name, in stack-name order, and the conflicts
-    (two stacks pinning one name to different images)."""
+    """The pinned images, one per name in stack-name order, and the conflicting pins' problems."""
     by_image: dict[str, list[StackPins]] = {}
     for name in sorted(stacks):
         by_image.setdefault(stacks[name].image, []).append(stacks[name])

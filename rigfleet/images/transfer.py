@@ -70,8 +70,7 @@ def host_state(remote: Remote, host: InventoryHost, refs: tuple[str, ...],
 
 def export_image(remote: Remote, host: InventoryHost, want: WantedImage, directory: Path,
                  vllm_version: str | None = None, meter: Meter | None = None) -> SavedArchive:
-    """``docker save`` the pinned image (found by the pin, saved under its pinned name) on
-    ``host`` into ``directory`` here, checked to hold its image id, with a sidecar."""
+    """``docker save`` ``want`` on ``host`` into ``directory`` here, checked, with a sidecar."""
     here = presence(want, host_state(remote, host, want.refs))
     if here.local is None or here.state not in ("present", "tag"):
         raise ImageError(f"{host.name}: {want.image} (digest {want.digest}) is not on the host; "
@@ -150,8 +149,7 @@ def stream_archive(remote: Remote, host: InventoryHost, path: str | Path,
 
 def load_archive(remote: Remote, host: InventoryHost, want: WantedImage, path: str | Path,
                  meter: Meter | None = None) -> str:
-    """Put ``want`` from a control-side archive into ``host``'s engine under its pinned name,
-    verified: ``present``, ``tagged`` or ``loaded``."""
+    """Load ``want`` from an archive here into ``host``, verified: present, tagged or loaded."""
     if not want.image_id:
         raise ImageError(f"{want.image}: no image id to verify the archive against")
     info = inspect_archive(path)  # an ArchiveError names the file

@@ -58,10 +58,9 @@ def gate_summary(probe: HostProbe) -> tuple[str | None, str | None]:
 
 def build_row(want: DesiredHost, probe: HostProbe, seconds: float = 0.0) -> StatusRow:
     c = probe.containers.get(want.current.spec.container_name) or {}
-    running = next((n for n, v in probe.containers.items() if v.get("status") == "running"),
-                   None)
-    stack = probe.state.get("stack") or c.get("stack") or (
-        running.removeprefix("rigfleet-") if running else None)
+    stack = probe.state.get("stack") or c.get("stack") or next(
+        (n.removeprefix("rigfleet-") for n, v in probe.containers.items()
+         if v.get("status") == "running"), None)
     digests = [str(d) for d in c.get("digests") or []]
     digest = want.current.pins.digest if want.current.pins.digest in digests else (
         digests[0] if digests else None)
