@@ -2,8 +2,6 @@
 
     ev = parse_evidence("rig-a", probe.section("doctor"))
     ev.cards[0].power_limit_w, ev.cards[0].gen_load, ev.graph_mode, ev.load_decode
-
-The PCIe link is read under load (it drops at idle); the rest is summarised over the samples.
 """
 
 from __future__ import annotations
@@ -76,7 +74,7 @@ class Card:
     clocks_max_mem: float | None = None
     reasons: tuple[str, ...] = ()  # clock event reasons active in any load sample
     gen_idle: float | None = None
-    gen_load: float | None = None  # the highest generation seen under load
+    gen_load: float | None = None  # the highest generation under load (the link drops at idle)
     gen_max: float | None = None  # what this slot and card allow together
     gen_gpumax: float | None = None  # what the card itself supports
     width_load: float | None = None

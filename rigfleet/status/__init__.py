@@ -1,2 +1,1 @@
-"""``rigfleet status``: one row per host (``rows``), what drifted from its ``DesiredHost``
-(``drift``, pure), the command (``cli``)."""
+"""``rigfleet status``: a row per host (``rows``), its drift from the inventory (``drift``)."""

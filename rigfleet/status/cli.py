@@ -1,7 +1,5 @@
-"""``rigfleet status``: the hosts' rows (one probe each; for people a table, drift as notes, or
-JSON for pipes), then the balancers' rotation table; the exit status says the worst found.
-``--html FILE`` writes a page from the monitor's Prometheus instead (docs/monitoring-rules.md).
-"""
+"""``rigfleet status``: the hosts' rows (a table, drift as notes; or JSON), the balancers' rotation;
+the exit status is the worst found. ``--html FILE``: a page instead (docs/monitoring-rules.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""One status row per host: probe it, decide its drift, summarise. Exit status: 0 all good,
-1 some host drifted, 2 some host unreachable (or its data invalid), 3 the inventory or the
-pins cannot be read.
-"""
+"""One status row per host (probed, its drift decided). Exit status: 0 all good, 1 some host
+drifted, 2 some host unreachable (or its data invalid), 3 inventory or pins unreadable."""
 
 from __future__ import annotations
 
