@@ -97,8 +97,7 @@ def split_address(address: str) -> tuple[str, int | None]:
 
 
 def front_target(host: GpuHost) -> tuple[str, str]:
-    """(``host:port`` HAProxy connects to, the name in the front's certificate), from
-    ``balancer_front_address``, else ``ssh_hostname`` or the name, and ``front_port``."""
+    """(``host:port`` HAProxy connects to, the name in the front's certificate)."""
     given = host.settings.balancer_front_address
     name, port = split_address(given) if given else (host.ssh_hostname or host.name, None)
     port = port or host.settings.front_port
