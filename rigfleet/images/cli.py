@@ -195,17 +195,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     _directory("--to", args.to)
     remote = ssh.SshRemote(connect_timeout=args.timeout)
     saved: list[dict[str, Any]] = []
+    t = Table(f"rigfleet images export ({args.host} -> {args.to})",
+              ["GB", "image id", "image"], keys=())
     for w in wanted:
         version = stacks[w.stacks[0]].vllm_version
         with progress_bar(f"{args.host}: docker save {w.image}", None) as meter:
             archive = export_image(remote, hosts[args.host], w, args.to, version, meter)
         saved.append({"image": w.image, "digest": w.digest, **archive.summary(),
                       "vllm_version": version, "stacks": list(w.stacks)})
-    t = Table(f"rigfleet images export ({args.host} -> {args.to})",
-              ["GB", "image id", "image"], keys=())
-    for s in saved:
-        t.row(f"{s['bytes'] / 1e9:.2f}", s["image_id"][:19], s["image"])
-        t.note(Path(s["path"]).name, f"sha256 {s['sha256']}")
+        t.row(f"{archive.size / 1e9:.2f}", archive.image_id[:19], w.image)
+        t.note(archive.path.name, f"sha256 {archive.sha256}")
     show(args.json, {"host": args.host, "saved": saved}, t)
     return 0
 
@@ -255,6 +254,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {"file": str(args.file), "image": image, "image_id": chosen.image_id,
                               "digest": digest, "vllm_version": sidecar.get("vllm_version"),
                               "hosts": {}, "into": None}
+    t = Table(f"rigfleet images import {args.file.name}", ["where", "result"], keys=("where",))
     if args.into is not None:
         _directory("--into", args.into)
         dest = args.into / archive_name(image)
@@ -269,6 +269,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                       vllm_version=sidecar.get("vllm_version"), sha256=sha,
                       bytes=info.size, imported_from=str(args.file))
         result.update(into=str(dest), sha256=sha)
+        t.row("this machine", f"kept as {dest}")
     # Without a known digest the image is verified by its id alone (a loaded image has none).
     want = WantedImage(image, digest or chosen.image_id, chosen.image_id, ())
     remote = ssh.SshRemote(connect_timeout=args.timeout)
@@ -280,9 +281,6 @@ def cmd_import(args: argparse.Namespace) -> int:
             result["hosts"][name] = f"failed: {e}"
     result["pin"] = pins = {k: v for k, v in (("image", image), ("digest", digest),
                                               ("image_id", chosen.image_id)) if v}
-    t = Table(f"rigfleet images import {args.file.name}", ["where", "result"], keys=("where",))
-    if result["into"]:
-        t.row("this machine", f"kept as {result['into']}")
     for host, done in result["hosts"].items():
         t.row(host, done)
     t.note("pin", ", ".join(f"{k}: {v}" for k, v in pins.items())
