@@ -104,9 +104,8 @@ def power(ev: Evidence, exp: Expect) -> Cause | None:
     c = cards[0]
     cap = c.power_limit_w or 0.0
     top = min(c.power_max_w or SINGLE_CARD_CURVE[-1][0], SINGLE_CARD_CURVE[-1][0])
-    binds = bool(capped) or (c.power_draw_max_w or 0.0) >= 0.95 * cap
     impact = max(0.0, 1.0 - single_card_speed(cap) / single_card_speed(top))
-    if not binds:
+    if not capped and (c.power_draw_max_w or 0.0) < 0.95 * cap:
         return Cause("power-cap", f"power cap {cap:.0f} W does not bind", RULED_OUT, 0.0,
                      tuple(evidence), basis="the card draws less than its cap under load")
     if impact < 0.02:
