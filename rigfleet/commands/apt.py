@@ -63,10 +63,9 @@ def install_keyring(key_url: str, dest: str, fingerprint: str | None = None) -> 
 
 def deb822_sources(url: str, suite: str, components: Sequence[str], signed_by: str) -> str:
     """A deb822 ``.sources`` file (a flat repository, suite ``/``, has no components)."""
-    lines = ["Types: deb", f"URIs: {url}", f"Suites: {suite}"]
-    if components:
-        lines.append(f"Components: {' '.join(components)}")
-    lines.append(f"Signed-By: {signed_by}")
+    lines = ["Types: deb", f"URIs: {url}", f"Suites: {suite}",
+             *([f"Components: {' '.join(components)}"] if components else []),
+             f"Signed-By: {signed_by}"]
     return "\n".join(lines) + "\n"
 
 
