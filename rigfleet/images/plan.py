@@ -13,6 +13,7 @@ import posixpath
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import zip_longest
 
 from rigfleet.commands import docker as docker_commands
 from rigfleet.image_sources import ImageSource
@@ -234,13 +235,11 @@ def plan_image(w: WantedImage, here: Presence, results: Sequence[SourceResult]) 
         return ImagePlan(w, here, "tag", (Shell(tag_command(here.ref, w.image)),))
     if here.state == "mismatch":
         return ImagePlan(w, here, "refused", tried=tuple(results))
-    for i, r in enumerate(results):
-        if not r.ok:
-            continue
+    ok = [r for r in results if r.ok]
+    for r, after in zip_longest(ok, ok[1:]):  # each usable source and the next one
         if r.source.cache is None:
             return ImagePlan(w, here, "fetch", fetch_steps(w, r), r, tuple(results), need_bytes(r))
         # A fleet cache is not asked from here: used only before a registry that holds it.
-        after = next((a for a in results[i + 1:] if a.ok), None)
         if after is not None and after.source.kind in ("hub", "registry"):
             return ImagePlan(w, here, "fetch", cache_steps(w, r, after), r, tuple(results),
                              need_bytes(after))
