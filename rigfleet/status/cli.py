@@ -147,11 +147,10 @@ def bump_summaries(rows: Sequence[StatusRow]) -> list[dict[str, Any]]:
     """One entry per unfinished bump the rows are in, its hosts by where they stand."""
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
-        if not r.bump:
-            continue
-        entry = out.setdefault(str(r.bump["bump"]), {
-            k: r.bump.get(k) for k in ("bump", "target", "started", "by", "journal")})
-        entry.setdefault("hosts", {}).setdefault(str(r.bump.get("state")), []).append(r.host)
+        if r.bump:
+            entry = out.setdefault(str(r.bump["bump"]), {
+                k: r.bump.get(k) for k in ("bump", "target", "started", "by", "journal")})
+            entry.setdefault("hosts", {}).setdefault(str(r.bump.get("state")), []).append(r.host)
     return list(out.values())
 
 
