@@ -92,9 +92,8 @@ def state_script(refs: Iterable[str], archives: Iterable[str], spaces: Iterable[
         f"for f in {shlex.quote(str(HOST.loaded_images_dir))}/*; do [ -f \"$f\" ] && "
         "read -r i < \"$f\" && printf 'loaded\\t%s\\t%s\\n' \"${f##*/}\" \"$i\"; done",
     ]
-    lines += [f"rf_img {shlex.quote(r)}" for r in dict.fromkeys(refs)]
-    lines += [f"rf_path {shlex.quote(p)}" for p in dict.fromkeys(archives)]
-    lines += [f"rf_free {shlex.quote(s)}" for s in dict.fromkeys(spaces)]
+    for fn, args in (("rf_img", refs), ("rf_path", archives), ("rf_free", spaces)):
+        lines += [f"{fn} {shlex.quote(a)}" for a in dict.fromkeys(args)]
     return "\n".join(lines) + "\n"
 
 
