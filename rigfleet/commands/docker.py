@@ -17,6 +17,5 @@ def pull(ref: str) -> str:
 
 def vllm_version(ref: str) -> str:
     """Ask the image itself which vLLM it carries (no GPU, no network, removed afterwards)."""
-    code = "import vllm; print(vllm.__version__)"
     return (f"docker run --rm --network none --entrypoint python3 {shlex.quote(ref)} "
-            f"-c {shlex.quote(code)}")
+            f"-c {shlex.quote('import vllm; print(vllm.__version__)')}")
