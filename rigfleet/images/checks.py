@@ -48,11 +48,10 @@ class SourceChecker:
         out: list[SourceResult] = []
         index = 0
         for source in settings.image_sources if sources is None else sources:
-            r = self.check(index, source, w, settings, state)
+            out.append(self.check(index, source, w, settings, state))
             index += source.cache is None  # a fleet cache is not an entry of image_sources
-            out.append(r)
             # A fleet cache is not asked from here: the next source is the host's fallback.
-            if r.ok and source.cache is None:
+            if out[-1].ok and source.cache is None:
                 break
         return out
 
