@@ -83,8 +83,7 @@ def find_drift(want: DesiredHost, probe: HostProbe) -> list[str]:
         if head != want.genesis.commit:
             drift.append(f"Genesis HEAD {short(head)}, pin {short(want.genesis.commit)}")
     drift += _weights_drift(want, probe.section("manifest"))
-    route = probe.route
-    if route is not None and route != want.current.ref.route_id:
+    if (route := probe.route) is not None and route != want.current.ref.route_id:
         drift.append(f"front routes to {route}, expected {want.current.ref.route_id}")
     drift += _front_drift(want, probe.section("front"))
     state = probe.raw.get("state")
