@@ -178,10 +178,8 @@ def read_fleet(name: str, group: str, why: str, inventory: Iterable[Any],
 
 
 def read_gpu_host(other: Any, kind: HostKind) -> GpuHost | None:
-    if not kind.gpu:
-        return None
     return GpuHost(other.name, validate_host(other.name, other.data),
-                   other.data.get("ssh_hostname"))
+                   other.data.get("ssh_hostname")) if kind.gpu else None
 
 
 def fleet_plan(balancer: Any, inventory: Iterable[Any]) -> BalancerPlan:
