@@ -166,9 +166,8 @@ def render(data: PageInput) -> str:
     gate = matrix(data.answers.gate, "instance", "stack")
     engine = matrix(data.answers.engine, "instance")
     up = up_by_host(data.answers.up)
-    # A host outside the inventory has a figure for the tokens/s it served. An ``up`` alone is a
-    # target of no config of ours (the distribution's default one scraped localhost:9090
-    # before the monitor role wrote ours, and its series stays 5 minutes).
+    # A host outside the inventory gets a figure for the tokens/s it served; an ``up`` alone is
+    # the distro's default scrape of localhost:9090 before ours (its series stays 5 minutes).
     seen = {k[0] for k in gate} | {k[0] for k in engine}
     others = sorted(h for h in seen - set(data.hosts) - set(data.others) if h and h != data.monitor)
     figures = [_host_figure(h, data, gate, engine, up) for h in (*data.hosts, *others)]
