@@ -141,11 +141,10 @@ def pcie(ev: Evidence, exp: Expect) -> Cause | None:
     if worst >= 0.999:
         return Cause("pcie-link", "PCIe links at gen4 x16 under load", RULED_OUT, 0.0,
                      tuple(evidence))
-    downtrained = [c for c in cards if (c.gen_max and (c.gen_load or 0) < c.gen_max)
-                   or (c.width_max and (c.width_load or 0) < c.width_max)]
     fix = ("put the card in a slot wired x16 gen4 to the CPU (not a chipset or riser slot), "
            "and check the BIOS's PCIe link settings")
-    if downtrained:
+    if any((c.gen_max and (c.gen_load or 0) < c.gen_max)
+           or (c.width_max and (c.width_load or 0) < c.width_max) for c in cards):
         fix = ("the link trains below what the slot allows: reseat the card or its riser, "
                "and check the BIOS's PCIe settings; " + fix)
     title = f"PCIe link at {worst:.0%} of gen4 x16 under load"
