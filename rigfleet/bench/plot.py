@@ -136,7 +136,6 @@ def plot(entries: Sequence[Entry], path: Path) -> tuple[Path | None, str | None]
                ncol=min(4, len(handles)) or 1, frameon=False)
     rows_of_legend = -(-len(handles) // 4)
     fig.tight_layout(rect=(0, (0.1 + 0.16 * rows_of_legend) / fig.get_figheight(), 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path, None
