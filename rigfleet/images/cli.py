@@ -41,7 +41,7 @@ from rigfleet.images.archive import (
 )
 from rigfleet.images.checks import SourceChecker
 from rigfleet.images.deploy import build_plan, fact_arguments
-from rigfleet.images.plan import StagingPlan, WantedImage, wanted_images
+from rigfleet.images.plan import ImagePlan, StagingPlan, WantedImage, wanted_images
 from rigfleet.images.transfer import Counted, export_image, host_state, load_archive, progress_bar
 from rigfleet.inventory import InventoryHost, gpu_hosts
 from rigfleet.ssh import HostUnreachable, Remote
@@ -136,26 +136,24 @@ def table(rows: Sequence[HostImages], title: str = "rigfleet images status") -> 
     return t
 
 
+def _image_json(p: ImagePlan) -> dict[str, Any]:
+    local = p.presence.local
+    return {"image": p.want.image, "digest": p.want.digest, "image_id": p.want.image_id,
+            "stacks": list(p.want.stacks), "present": p.action == "present",
+            "local": None if local is None else {
+                "ref": p.presence.ref, "id": local.id, "repo_digests": list(local.repo_digests),
+                "repo_tags": list(local.repo_tags)},
+            "action": p.action,
+            "source": p.source.source.label if p.source else None,
+            "tried": [{"source": r.label, "ok": r.ok, "reason": r.reason, "bytes": r.size}
+                      for r in p.tried]}
+
+
 def as_json(rows: Sequence[HostImages]) -> dict[str, Any]:
-    hosts = []
-    for row in rows:
-        entry: dict[str, Any] = {"host": row.host, "error": row.error, "images": [],
-                                 "problems": list(row.plan.problems if row.plan else ())}
-        for p in row.plan.images if row.plan else ():
-            local = p.presence.local
-            entry["images"].append({
-                "image": p.want.image, "digest": p.want.digest, "image_id": p.want.image_id,
-                "stacks": list(p.want.stacks), "present": p.action == "present",
-                "local": None if local is None else {
-                    "ref": p.presence.ref, "id": local.id, "repo_digests": list(local.repo_digests),
-                    "repo_tags": list(local.repo_tags)},
-                "action": p.action,
-                "source": p.source.source.label if p.source else None,
-                "tried": [{"source": r.label, "ok": r.ok, "reason": r.reason, "bytes": r.size}
-                          for r in p.tried],
-            })
-        hosts.append(entry)
-    return {"hosts": hosts, "ok": exit_status(rows) == 0}
+    return {"hosts": [{"host": row.host, "error": row.error,
+                       "images": [_image_json(p) for p in row.plan.images] if row.plan else [],
+                       "problems": list(row.plan.problems if row.plan else ())} for row in rows],
+            "ok": exit_status(rows) == 0}
 
 
 def exit_status(rows: Sequence[HostImages]) -> int:
