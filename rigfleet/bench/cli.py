@@ -24,19 +24,20 @@ from rigfleet.bench.plot import plot
 from rigfleet.catalog import CatalogError, StackSpec, builtin_catalog
 from rigfleet.cliargs import EXIT_USAGE, UsageError, console, fleet_options, select
 from rigfleet.commands import hosttool
-from rigfleet.desired import DesiredHost, load_desired
+from rigfleet.desired import DesiredHost, gate_profile, load_desired
 from rigfleet.endpoints import front_url, read_key
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import each_host, view_host
 from rigfleet.hostprobe import last_json
 from rigfleet.hostside.argtypes import count, positive
 from rigfleet.hostside.bench import measure
-from rigfleet.hostside.bench.baseline import Baseline, baseline_for
+from rigfleet.hostside.bench.baseline import Baseline, baseline_for, profile_baseline
 from rigfleet.hostside.bench.cli import token_counts
 from rigfleet.hostside.bench.measure import Bench, BenchSettings
 from rigfleet.hostside.bench.report import Entry, cell, fleet_medians, report_dict, write
 from rigfleet.hostside.records import ThroughputRecord, now_iso
 from rigfleet.hostside.verify.client import CA_FILE_ENV, Client, check_ca_file, redact_url
+from rigfleet.hostside.verify.profiles import FULL, Profile
 from rigfleet.hostside.verify.runner import read_api_key
 from rigfleet.inventory import InventoryHost, gpu_hosts, load_inventory
 from rigfleet.resources import deployed_by
@@ -45,7 +46,6 @@ from rigfleet.tables import Table, ratio, show
 
 DEFAULT_DEPTHS = (16_000, 32_000, 64_000)
 EXIT_OK, EXIT_UNMEASURED = 0, 1
-HISTORY_N = 5  # as the gate's default throughput_history_n
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,7 @@ class Target:
     note: str = ""
     error: str = ""
     ca_file: str | None = None
+    profile: Profile | None = None  # the host's gate profile for ``stack``
 
     @property
     def reference(self) -> dict[str, float]:
@@ -68,10 +69,14 @@ class Target:
         return {k: v * self.scale for k, v in thr.reference.items()} if thr else {}
 
     def baseline(self) -> Baseline | None:
+        """As the host's gate judges it (``--url``: as the default profile would)."""
+        if self.profile is not None:
+            return profile_baseline(self.history, self.profile)
         if self.stack is None:
             return None
         ref = self.stack.throughput.reference if self.stack.throughput else {}
-        return baseline_for(self.history, self.stack.name, ref, self.scale, HISTORY_N)
+        return baseline_for(self.history, self.stack.name, ref, self.scale,
+                            FULL.throughput_history_n, FULL.throughput_history_min)
 
 
 def inventory_targets(hosts: Sequence[InventoryHost], remote: Remote,
@@ -89,7 +94,8 @@ def inventory_targets(hosts: Sequence[InventoryHost], remote: Remote,
         return Target(host.name, front_url(host, want.settings), read_key(want.settings), stack,
                       want.settings.throughput_scale, probe.throughput_history if probe else (),
                       "" if probe else f"no history: {view.error}",
-                      ca_file=want.settings.front_tls.ca_file if want.settings.front_tls else None)
+                      ca_file=want.settings.front_tls.ca_file if want.settings.front_tls else None,
+                      profile=gate_profile(want.settings, stack))
 
     return each_host(hosts, target,
                      lambda h, why: Target(h.name, "-", error=why.partition("\n")[0][:300]))

@@ -10,18 +10,19 @@ from typing import Any
 
 from rich.text import Text
 
-from rigfleet.catalog import DEFAULT_MARGIN, Catalog
+from rigfleet.catalog import DEFAULT_MARGIN
 from rigfleet.cliargs import console, fleet_options
+from rigfleet.desired import gate_profile
 from rigfleet.doctor.evidence import Evidence, parse_evidence
 from rigfleet.doctor.rules import CAUSE, RULED_OUT, Cause, Expect, Verdict, diagnose, verdict
+from rigfleet.hostdata import HostSettings
 from rigfleet.hostprobe import HostProbe
 from rigfleet.hostside.argtypes import positive
-from rigfleet.hostside.bench.baseline import baseline_for
+from rigfleet.hostside.bench.baseline import profile_baseline
 from rigfleet.inventory import gpu_hosts
 from rigfleet.tables import Table, ratio, show
 
 EXIT_OK, EXIT_SLOW, EXIT_UNREACHABLE, EXIT_ERROR = 0, 1, 2, 3
-HISTORY_N = 5
 
 
 @dataclass
@@ -44,11 +45,12 @@ class Diagnosis:
                 "error": self.error or None}
 
 
-def examine(host: str, probe: HostProbe, catalog: Catalog, scale: float = 1.0) -> Diagnosis:
+def examine(host: str, probe: HostProbe, settings: HostSettings) -> Diagnosis:
     """One probed host's evidence, causes and baseline (``judge_fleet`` adds its peers)."""
     ev = parse_evidence(host, probe.section("doctor"))
     stack = ev.stack or probe.state.get("stack")
     stack = stack if isinstance(stack, str) else None
+    catalog = settings.catalog
     spec = catalog.get(stack) if stack is not None and stack in catalog else None
     thr = spec.throughput if spec else None
     pins = tuple(str(probe.state.get(k) or "") for k in ("digest", "genesis_commit",
@@ -56,18 +58,19 @@ def examine(host: str, probe: HostProbe, catalog: Catalog, scale: float = 1.0) -
     d = Diagnosis(host, stack, pins, ev, error=ev.error)
     if ev.error:
         return d
-    exp, base, source = Expect(), None, ""
+    exp, base, source, margin = Expect(), None, "", DEFAULT_MARGIN
     if spec is not None:  # what the stack should do, the code runs' acceptance of the last gate
         last = probe.throughput_last
         exp = Expect(tp=spec.tensor_parallel_size, kv_cache_dtype=spec.kv_cache_dtype,
                      floors=thr.floors if thr else (),
                      acceptance_reference=thr.acceptance if thr else (),
                      gate_acceptance=last.acceptance if last and last.stack == spec.name else None)
-        b = baseline_for(probe.throughput_history, spec.name, thr.reference if thr else {}, scale,
-                         HISTORY_N)
+        profile = gate_profile(settings, spec)  # judged as this host's gate judges it
+        b = profile_baseline(probe.throughput_history, profile)
         base, source = b.figures.get("narrative"), b.sources.get("narrative", "")
+        margin = profile.throughput_margin
     d.causes = diagnose(ev, exp)
-    d.verdict = Verdict(ev.load_decode, base, source, margin=thr.margin if thr else DEFAULT_MARGIN)
+    d.verdict = Verdict(ev.load_decode, base, source, margin=margin)
     return d
 
 
@@ -134,8 +137,7 @@ def run(args: argparse.Namespace) -> int:
 
     hosts = gpu_hosts(fleet_hosts(args))
     console.print(f"doctor: {len(hosts)} host(s), {args.load_s:g} s of load each ...")
-    diagnoses = [examine(v.host.name, v.probe, v.want.settings.catalog,
-                         v.want.settings.throughput_scale)
+    diagnoses = [examine(v.host.name, v.probe, v.want.settings)
                  if v.want is not None and v.probe is not None
                  else Diagnosis(v.host.name, error=v.error or "no probe")
                  for v in fleet_view(hosts, SshRemote(connect_timeout=args.timeout),

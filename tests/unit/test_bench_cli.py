@@ -227,6 +227,27 @@ def test_inventory_targets_read_the_serving_stack_and_history_through_the_probe(
     assert bad[0].error.startswith("rig-b: stack: 'nope'")
 
 
+def test_the_baseline_beside_a_hosts_figures_is_the_one_its_gate_judges_by(tmp_path):
+    from test_swap_plan import host_data
+
+    from rigfleet.bench.cli import inventory_targets
+    from rigfleet.inventory import InventoryHost
+
+    history = [ThroughputRecord("int8", f"2026-12-0{i}T10:00:00Z", shapes={
+        "narrative": ShapeFigures(v)}).to_dict() for i, v in ((1, 3000.0), (2, 5000.0),
+                                                             (3, 7000.0))]
+    probe = {"schema": "rigfleet-probe/1", "state": {"stack": "int8"},
+             "throughput": {"last": None, "count": 3, "history": history}}
+    data = host_data(tmp_path, throughput_scale=40)
+    tuned = {**data, "gate_set": ["throughput_history_n=2", "throughput_history_min=2",
+                                  "throughput_margin=0.3"]}
+    plain, own = inventory_targets([InventoryHost("rig-a", (), data),
+                                    InventoryHost("rig-b", (), tuned)], FakeRemote(probe))
+    assert plain.baseline().figures["narrative"] == 5000.0  # the median of the last 5 (3 here)
+    assert own.baseline().figures["narrative"] == 6000.0  # host data: the last 2
+    assert own.profile is not None and own.profile.throughput_margin == 0.3
+
+
 def _tls_context(tmp_path, monkeypatch):
     """A server context for a self-signed 127.0.0.1 certificate at ``tmp_path/f.crt``."""
     import shutil

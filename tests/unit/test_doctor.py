@@ -235,7 +235,11 @@ def test_verdict_against_baseline_and_fleet():
     assert verdict(60.0, 64.0, "x", [60.0], 0.15).fleet_median is None
 
 
-def test_examine_judge_and_render_a_small_fleet():
+def test_examine_judge_and_render_a_small_fleet(tmp_path):
+    from test_swap_plan import host_data
+
+    from rigfleet.hostdata import validate_host
+
     fast = section([row(0), row(1)], [[row(0), row(1)]], lines=FULL_LOG, decode=89.0,
                    stack="tq3-mtp-genesis")
     slow = section([row(0), row(1)], [[row(0), row(1, gen=3, gen_max=3, width=4,
@@ -246,8 +250,8 @@ def test_examine_judge_and_render_a_small_fleet():
     probes = {"rig-a": HostProbe({"state": state, "doctor": fast}),
               "rig-b": HostProbe({"state": state, "doctor": slow}),
               "rig-c": HostProbe({"state": state, "doctor": {"error": "nothing verified"}})}
-    catalog = builtin_catalog()
-    diagnoses = [examine(name, p, catalog) for name, p in probes.items()]
+    settings = validate_host("rig-a", host_data(tmp_path))
+    diagnoses = [examine(name, p, settings) for name, p in probes.items()]
     judge_fleet(diagnoses)
     a, b, c = diagnoses
     assert a.verdict and not a.verdict.slow
@@ -260,6 +264,11 @@ def test_examine_judge_and_render_a_small_fleet():
     assert "rig-b: 1. PCIe link at" in text and "ruled out: power cap" in text
     assert "rig-c: nothing verified" in text
     assert Diagnosis("x", error="e").to_dict()["error"] == "e"
+    # The margin (and baseline) are the host's gate's: its gate_set overrides count.
+    tuned = validate_host("rig-b", {**host_data(tmp_path), "gate_set": ["throughput_margin=0.3"]})
+    again = examine("rig-b", probes["rig-b"], tuned)
+    assert again.verdict is not None and again.verdict.margin == 0.3
+    assert b.verdict.margin == builtin_catalog().get("tq3-mtp-genesis").throughput.margin
 
 
 def test_the_probe_s_doctor_section_end_to_end(tmp_path, monkeypatch):
