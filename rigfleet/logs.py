@@ -97,6 +97,7 @@ class Printer:
     prefix: bool = True
     as_json: bool = False
     buf: bytes = b""
+    failed: list[str] = field(default_factory=list)  # the sources whose command failed
 
     def write(self, data: bytes) -> int:
         self.buf += data
@@ -114,7 +115,10 @@ class Printer:
         tag, sep, rest = _CSI.sub("", text).partition("\t")
         if not sep:
             tag, rest = "?", text
-        if tag == "ledger":
+        if rest.startswith(cmds.EXITED):
+            self.failed.append(tag)
+            rest = f"(its command exited {rest[len(cmds.EXITED):]}; what it said is above)"
+        elif tag == "ledger":
             shown = ledger_line(rest, self.since)
             if shown is None:
                 return
@@ -163,4 +167,4 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{host.name}: --stack {args.stack}: not staged there (no "
                          f"{HOST.compose_file(args.stack)}); allowed: a stack staged on "
                          f"{host.name}")
-    return 0 if rc == 0 else 1
+    return 0 if rc == 0 and not printer.failed else 1

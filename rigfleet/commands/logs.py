@@ -11,12 +11,15 @@ import shlex
 from rigfleet.hostside.layout import HOST, SUPERVISE_UNIT
 
 SOURCES = ("engine", "supervisor", "ledger")
+EXITED = "rigfleet-logs-exit:"
 
 
 def _tagged(tag: str, command: str) -> str:
-    # sed -u: line-buffered, so a followed stream shows each line as it comes.
+    # sed -u: line-buffered, so a followed stream shows each line as it comes. The pipe would
+    # hide a failing source's exit status: its last line says it (EXITED and the status).
     script = "s/^/" + tag + "\t/"
-    return f"{{ {command} ; }} 2>&1 | sed -u {shlex.quote(script)}"
+    return (f"{{ {command} ; s=$? ; [ $s -eq 0 ] || echo {EXITED}$s ; }} 2>&1 | "
+            f"sed -u {shlex.quote(script)}")
 
 
 def _reader(tag: str, args: list[str], tail_flag: str, since: str | None, tail: int | None,
@@ -52,7 +55,7 @@ def ledger(*, tail: int | None = None, follow: bool = False) -> str:
         command = f"tail -n {tail} {path}"
     else:
         command = f"cat {path}"
-    return _tagged("ledger", f"test -e {path} && {command}")
+    return _tagged("ledger", f"if test -e {path}; then {command}; fi")  # none yet: no lines
 
 
 def combined(commands: list[str], follow: bool = False) -> str:

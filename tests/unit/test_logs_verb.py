@@ -56,6 +56,30 @@ def test_the_tagged_command_runs_in_a_shell_and_tags_every_line(tmp_path):
     assert out.splitlines() == ["engine\ta", "engine\tb", "engine\toops"]
 
 
+def test_a_failing_source_says_so_in_its_last_line_and_the_command_is_not_exit_0(monkeypatch,
+                                                                                  capsys):
+    inner = cmds._tagged("supervisor", "echo 'No journal files were opened'; (exit 1)")
+    out = subprocess.run(["sh", "-c", inner], capture_output=True, text=True).stdout
+    assert out.splitlines() == ["supervisor\tNo journal files were opened",
+                                f"supervisor\t{cmds.EXITED}1"]
+    import rigfleet.logs
+    import rigfleet.ssh
+    from rigfleet.cli import main
+
+    monkeypatch.setattr(rigfleet.ssh, "SshRemote", _Remote)
+    monkeypatch.setattr(rigfleet.logs, "one_host", lambda args: InventoryHost("host1", (), {}))
+    monkeypatch.setattr(rigfleet.logs, "build", lambda *a: cmds.combined(
+        [cmds._tagged("engine", "echo up"), inner]))
+    assert main(["logs", "host1"]) == 1
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        "supervisor | No journal files were opened",
+        "supervisor | (its command exited 1; what it said is above)"]
+    # No ledger yet (a host never deployed) is no lines, not a failure.
+    missing = cmds.ledger(tail=5).replace(str(cmds.HOST.ledger_file), "/nonexistent/ledger")
+    done = subprocess.run(["sh", "-c", missing], capture_output=True, text=True)
+    assert done.stdout == ""
+
+
 def test_a_sudo_host_gets_the_whole_command_through_sudo():
     command = build(None, ["engine", "ledger"], None, 10, follow=False)
     host = InventoryHost("host4", (), {"_sudo": True})
