@@ -182,11 +182,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     hosts = {h.name: h for h in _hosts(args)}
     if args.host not in hosts:
-        raise ImagesCliError(f"--host {args.host!r}: not in {args.inventory}; allowed: "
+        raise UsageError(f"--host {args.host!r}: not in {args.inventory}; allowed: "
                              f"{', '.join(hosts)}")
     want = load_desired(args.host, hosts[args.host].data)
     if (name := next((n for n in args.stack if n not in want.stacks), None)) is not None:
-        raise ImagesCliError(f"--stack {name!r}: {args.host} stages no such stack; "
+        raise UsageError(f"--stack {name!r}: {args.host} stages no such stack; "
                              f"allowed: {', '.join(want.stacks)}")
     stacks = {n: s.pins for n, s in want.stacks.items() if not args.stack or n in args.stack}
     wanted, _ = wanted_images(stacks)
@@ -212,7 +212,7 @@ def _pick(info: ArchiveInfo, image: str | None) -> ArchivedImage:
         return info.images[0]
     if (named := next((i for i in info.images if image in i.repo_tags), None)) is not None:
         return named
-    raise ImagesCliError(f"{info.path}: holds {len(info.images)} images ({info.label}); "
+    raise UsageError(f"{info.path}: holds {len(info.images)} images ({info.label}); "
                          "allowed: --image <repo>:<tag> naming one of them")
 
 
@@ -233,11 +233,11 @@ def _copy(src: Path, dest: Path) -> str:
 
 def cmd_import(args: argparse.Namespace) -> int:
     if not args.host and args.into is None:
-        raise ImagesCliError("import: say where it goes: --host NAME (load it into that host's "
+        raise UsageError("import: say where it goes: --host NAME (load it into that host's "
                              "engine) and/or --into DIR (keep it as an archive image source)")
     targets = {h.name: h for h in _hosts(args)} if args.host else {}
     if unknown := [h for h in args.host if h not in targets]:
-        raise ImagesCliError(f"--host {', '.join(unknown)}: not in {args.inventory}; allowed: "
+        raise UsageError(f"--host {', '.join(unknown)}: not in {args.inventory}; allowed: "
                              f"{', '.join(targets)}")
     info = inspect_archive(args.file)
     chosen = _pick(info, args.image)
@@ -245,7 +245,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     image = args.image or sidecar.get("image") or (
         chosen.repo_tags[0] if len(chosen.repo_tags) == 1 else None)
     if not image:
-        raise ImagesCliError(f"{args.file}: its name is unknown (tags: "
+        raise UsageError(f"{args.file}: its name is unknown (tags: "
                              f"{', '.join(chosen.repo_tags) or 'none'}); allowed: --image "
                              "<repo>:<tag> (the pinned image it is a copy of)")
     digest = args.digest or sidecar.get("digest")

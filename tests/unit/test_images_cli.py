@@ -98,7 +98,7 @@ def test_export_through_the_cli(fleet, capsys) -> None:
     assert read_sidecar(out / archive_name(IMAGE))["vllm_version"] == "0.27.1"
     with pytest.raises(SystemExit):
         main(["images", "export", "--host", "host1"])  # --to is required
-    assert main(["images", "export", "--host", "nope", "--to", str(out)]) == 1
+    assert main(["images", "export", "--host", "nope", "--to", str(out)]) == 2  # usage
     assert "--host 'nope': not in inventory/home.py" in " ".join(capsys.readouterr().err.split())
 
 
@@ -127,9 +127,9 @@ def test_import_into_an_archive_source_and_onto_hosts(fleet, capsys) -> None:
 def test_import_needs_a_destination_and_a_name(fleet, capsys) -> None:
     saved = fleet["tmp"] / "untagged.tar"
     docker_save_tar(saved, None)
-    assert main(["images", "import", str(saved)]) == 1
+    assert main(["images", "import", str(saved)]) == 2  # usage errors, as argparse's
     assert "say where it goes: --host NAME" in capsys.readouterr().err
-    assert main(["images", "import", str(saved), "--into", str(fleet["tmp"] / "a")]) == 1
+    assert main(["images", "import", str(saved), "--into", str(fleet["tmp"] / "a")]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "its name is unknown (tags: none); allowed: --image" in err
     assert main(["images", "import", str(saved), "--into", str(fleet["tmp"] / "a"),
