@@ -332,6 +332,9 @@ def parse_stack(data: Any, where: str) -> StackSpec:
             p.bad(f"vllm.args[{i}]", arg, "flags other than " + ", ".join(MANAGED_FLAGS)
                   + " (nor an alias or abbreviation of one, such as -tp)",
                   "is set by the stack file's own key")
+        elif arg.split("=", 1)[0] == "--config":
+            p.bad(f"vllm.args[{i}]", arg, "each option in vllm.args itself", "reads a vLLM "
+                  "config file, whose settings could override the stack file's own keys unseen")
     env = env_vars(p, "env", top.get("env"), allowed("env"))
     genesis = parse_genesis(p, top.get("genesis"))
     entry = top.get("entrypoint")

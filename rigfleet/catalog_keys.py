@@ -75,7 +75,8 @@ KEYS: tuple[Key, ...] = (
     _K("vllm.speculative.num_speculative_tokens", "integer", "Draft tokens per step.",
        "an integer 1..16", required=True),
     _K("vllm.args", "list", "Further `vllm serve` arguments, in order (after "
-       "`--served-model-name`); never a flag one of the keys above sets.",
+       "`--served-model-name`); never a flag one of the keys above sets, nor `--config` (a "
+       "config file could set them unseen).",
        "vllm serve arguments (strings)", "[]"),
     _K("env", "mapping", "The container environment, `NAME: value` in file order (no secrets: "
        "the API key and the HF token reach hosts as secret files).",

@@ -115,6 +115,9 @@ BAD: list[tuple[str, Any, list[str]]] = [
      ["vllm.args[1]: '--max-model'", "set by the stack file's own key"]),
     ("vllm.args", ["--speculative-config.method=ngram"],
      ["vllm.args[0]: '--speculative-config.method=ngram'", "set by the stack file's own key"]),
+    # A vLLM config file could set any of them where neither rigfleet nor its checks look
+    ("vllm.args", ["--config", "/models/serve.yaml"],
+     ["vllm.args[0]: '--config' reads a vLLM config file", "allowed: each option in vllm.args"]),
     ("vllm.speculative", {"method": "medusa", "num_speculative_tokens": 3},
      ["vllm.speculative.method: 'medusa'", "mtp"]),
     ("image", {"kinds": ["weekly"]}, ["image.kinds", "release, nightly"]),
