@@ -502,8 +502,7 @@ def throughput(ctx: Context, out: CheckResult) -> CheckResult:
                if p.throughput_stack and p.throughput_history_dir else [])
     base = profile_baseline(history, p)
     limits = Limits(p.throughput_margin, p.throughput_cv_max, p.throughput_acceptance_floor)
-    judged = bool(p.throughput_stack) or p.throughput_reference_narrative > 0 or \
-        p.throughput_reference_code > 0
+    judged = bool(p.throughput_stack) or bool(base.figures)  # no stack, no history: references
     out.findings = judge(measured, acceptance, base, limits)
     if not judged:
         out.findings = [f for f in out.findings if f.name == "no_measurement"]
