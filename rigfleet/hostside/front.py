@@ -166,7 +166,7 @@ class Front:
             status, got, _ = self.http("GET", f"http://127.0.0.1:{self.port}/v1/models",
                                        headers, None, 5.0)
             seen = {k.lower(): v for k, v in got.items()}.get(ROUTE_HEADER.lower())
-            stale = before & self._accepting(master) if seen == route_id else set()
+            stale = before & self._accepting(master) if seen == route_id and before else set()
             if seen == route_id and not stale:
                 return
             if time.monotonic() > deadline:
