@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import CANARY, TMP_WATCH, dry_plan, pyinfra
+from e2e_fleet import CANARY, TMP_WATCH, dry_plan, pyinfra
 
 
 def post_chat(host, key: str | None, prompt: str = "What is the capital of France?"):
@@ -50,7 +50,7 @@ def test_every_host_serves_through_the_front_with_the_key(testbed, converged):
 
 def test_the_sudo_hosts_converge_left_no_secret_in_tmp_that_others_could_read(testbed,
                                                                              converged):
-    """inotify on host4's /tmp from bare to serving (``conftest.converged``): what pyinfra
+    """inotify on host4's /tmp from bare to serving (``e2e_fleet.converged``): what pyinfra
     and rigfleet put there never holds the API key or the TLS private key readably; the
     watch's own canary (a fake secret, mode 644) shows it would have seen one."""
     sudo = next((h for h in testbed.hosts if h.user != "root"), None)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import INVENTORY, STATE, run
+from e2e_fleet import INVENTORY, STATE, run
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 REFUSAL = "Preflight | Refused"

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from conftest import INVENTORY, run
+from e2e_fleet import INVENTORY, run
 from rigfleet_testbed import layout
 from test_03_bad_input import REFUSAL, host_state, operations
 

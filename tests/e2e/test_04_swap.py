@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import INVENTORY, REPO, STATE, last_ledger, run, wait_for
+from e2e_fleet import INVENTORY, REPO, STATE, last_ledger, run, wait_for
 
 from rigfleet.hostside.front import ROUTE_HEADER
 

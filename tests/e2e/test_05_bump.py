@@ -39,7 +39,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import (
+from e2e_fleet import (
     HOSTS,
     INVENTORY,
     REPO,
@@ -50,7 +50,7 @@ from conftest import (
     under_load,
     upstream_blob_gets,
 )
-from conftest import read_state as state
+from e2e_fleet import read_state as state
 from rigfleet_testbed import layout
 
 from rigfleet.bump.journal import journal_path

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import HOSTS, INVENTORY, REPO, pyinfra, run
+from e2e_fleet import HOSTS, INVENTORY, REPO, pyinfra, run
 
 # The engine supervisor puts the verified snapshot back within seconds when the container is
 # not it (tests/e2e/test_08_faults.py); a person experimenting by hand stops it first, so the

@@ -24,7 +24,7 @@ import urllib.request
 
 import loadgen
 import pytest
-from conftest import BIN, HOSTS, INVENTORY, TestHost, in_rotation, run
+from e2e_fleet import BIN, HOSTS, INVENTORY, TestHost, in_rotation, run
 
 from rigfleet.balancer.haproxy import HOST_PATHS
 from rigfleet.hostside.front import ROUTE_HEADER

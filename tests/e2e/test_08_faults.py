@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import INVENTORY, REPO, STATE, ledger
+from e2e_fleet import INVENTORY, REPO, STATE, ledger
 from test_04_swap import (
     FAST,
     PYINFRA,

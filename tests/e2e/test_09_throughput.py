@@ -37,8 +37,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import INVENTORY, REPO, STATE, last_ledger, run
-from conftest import read_state as state
+from e2e_fleet import INVENTORY, REPO, STATE, last_ledger, run
+from e2e_fleet import read_state as state
 from rigfleet_testbed import layout
 from rigfleet_testbed.fleet import TESTBED_CV_MAX
 

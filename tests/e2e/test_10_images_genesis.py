@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import INVENTORY, STATE, ledger, run, under_load, wait_for
+from e2e_fleet import INVENTORY, STATE, ledger, run, under_load, wait_for
 from rigfleet_testbed import layout
 from test_04_swap import chat  # one chat completion through the front: its status
 

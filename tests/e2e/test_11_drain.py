@@ -21,7 +21,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 import pytest
-from conftest import INVENTORY, ledger, run
+from e2e_fleet import INVENTORY, ledger, run
 
 from rigfleet.catalog import builtin_catalog
 from rigfleet.hostside.drain import parse_load
@@ -41,7 +41,7 @@ GATE = ("--data", "gate_profile=fast", "--data", "gate_set=" + json.dumps(
 
 
 def deploy(host, *args: str):
-    from conftest import BIN
+    from e2e_fleet import BIN
 
     return run([str(BIN / PYINFRA), str(INVENTORY), "deploy.py", "-y", *GATE, "--limit",
                 host.name, *args], timeout=900)

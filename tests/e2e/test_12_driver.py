@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BIN, HOSTS, INVENTORY, STATE, ledger, run, wait_for
+from e2e_fleet import BIN, HOSTS, INVENTORY, STATE, ledger, run, wait_for
 from test_04_swap import FrontProbe, front_answers
 
 if HOSTS < 3:

@@ -26,7 +26,7 @@ from pprint import pformat
 
 import pytest
 import yaml
-from conftest import INVENTORY, KEEP, REPO, STATE, fresh_host, remove_host, wait_for
+from e2e_fleet import INVENTORY, KEEP, REPO, STATE, fresh_host, remove_host, wait_for
 
 README = REPO / "README.md"
 USER = "alice"

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 import yaml
-from conftest import STATE, ledger, pyinfra
+from e2e_fleet import STATE, ledger, pyinfra
 from test_04_swap import FAST, FrontProbe, front_answers, route_of
 
 from rigfleet.catalog import BUILTIN_DIR

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HOSTS, INVENTORY, STATE, ledger, run, wait_for
+from e2e_fleet import HOSTS, INVENTORY, STATE, ledger, run, wait_for
 from test_04_swap import FrontProbe, front_answers
 
 if HOSTS < 2:

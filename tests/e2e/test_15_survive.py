@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import ledger
+from e2e_fleet import ledger
 from test_04_swap import front, route_of, settle, wait_for
 
 from rigfleet.hostside.front import READY_CLASSES, READY_PATH

@@ -27,7 +27,7 @@ import sys
 import time
 
 import pytest
-from conftest import BIN, INVENTORY, STATE, last_ledger, read_state, run
+from e2e_fleet import BIN, INVENTORY, STATE, last_ledger, read_state, run
 from rigfleet_testbed import layout
 
 from rigfleet.pins import load_pins

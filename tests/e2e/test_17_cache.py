@@ -24,7 +24,7 @@ from collections import Counter
 
 import pytest
 import yaml
-from conftest import EXTRAS, STATE, ip_of, upstream_blob_gets
+from e2e_fleet import EXTRAS, STATE, ip_of, upstream_blob_gets
 from rigfleet_testbed import layout
 from rigfleet_testbed.layout import BalancerSlot
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, EXTRAS, INVENTORY, REPO, STATE, ledger, read_state, run, wait_for
+from e2e_fleet import BIN, EXTRAS, INVENTORY, REPO, STATE, ledger, read_state, run, wait_for
 from test_04_swap import settle
 
 sys.path.insert(0, str(REPO / "tests" / "unit"))

@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from conftest import BIN, INVENTORY, STATE, run, wait_for
+from e2e_fleet import BIN, INVENTORY, STATE, run, wait_for
 from test_04_swap import front_answers
 
 SLOW_CARD = 1

@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from conftest import STATE, last_ledger, pyinfra
+from e2e_fleet import STATE, last_ledger, pyinfra
 from test_04_swap import FAST, route_of
 from test_13_vllm_args import driver_branch, serving_container
 

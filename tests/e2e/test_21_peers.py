@@ -16,7 +16,7 @@ from pathlib import Path
 from pprint import pformat
 
 import pytest
-from conftest import (
+from e2e_fleet import (
     INVENTORY,
     KEEP,
     dry_plan,
