@@ -154,20 +154,20 @@ def unpinned_stacks(settings: HostSettings, pins: Pins) -> list[str]:
 
 
 def stack_gate_set(spec: StackSpec, settings: HostSettings) -> tuple[str, ...]:
-    """The gate profile overrides this stack brings (``gate.set``, the throughput check's);
-    host data ``gate_set`` comes after them in the plan, so it wins."""
+    """The gate profile overrides for ``spec`` on this host, in the order the gate applies
+    them: the stack's (``gate.set``, the throughput check's), then host data ``gate_set``,
+    which wins."""
     out = [*spec.gate_set, f"throughput_stack={spec.name}",
            f"throughput_history_dir={HOST.throughput_dir}",
            f"throughput_scale={settings.throughput_scale:g}"]
     if spec.throughput is not None:
         out += spec.throughput.gate_set()
-    return tuple(out)
+    return (*out, *settings.swap.gate_set)
 
 
 def gate_profile(settings: HostSettings, spec: StackSpec) -> Profile:
     """The profile the gate judges ``spec`` by on this host (the plan's gate settings)."""
-    return resolve(settings.swap.gate_profile,
-                   (*stack_gate_set(spec, settings), *settings.swap.gate_set))
+    return resolve(settings.swap.gate_profile, stack_gate_set(spec, settings))
 
 
 def check_pinned(settings: HostSettings, pins: Pins) -> list[str]:

@@ -36,8 +36,7 @@ def build_plan(want: DesiredHost, by: str, why: str, deploy_id: str = DEPLOY_ID)
         projects=want.projects,
         front_port=want.settings.front_port,
         gate_profile=swap.gate_profile,
-        # The stack's own overrides first: host data gate_set comes last and wins.
-        gate_set=(*want.current.gate_set, *swap.gate_set),
+        gate_set=want.current.gate_set,
         ready_timeout_s=swap.ready_timeout_s,
         vram_timeout_s=swap.vram_timeout_s,
         gate_timeout_s=swap.gate_timeout_s,

@@ -93,6 +93,15 @@ def _hosts(args: argparse.Namespace) -> list[Any]:
     return hosts
 
 
+def _named(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+    """The inventory's GPU hosts ``--host`` names, by name; a usage error for any other name."""
+    hosts = {h.name: h for h in _hosts(args)}
+    if unknown := [n for n in names if n not in hosts]:
+        raise UsageError(f"--host {', '.join(map(repr, unknown))}: not in {args.inventory}; "
+                         f"allowed: {', '.join(hosts)}")
+    return {n: hosts[n] for n in names}
+
+
 @dataclass(frozen=True)
 class HostImages:
     host: str
@@ -180,14 +189,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    hosts = {h.name: h for h in _hosts(args)}
-    if args.host not in hosts:
-        raise UsageError(f"--host {args.host!r}: not in {args.inventory}; allowed: "
-                             f"{', '.join(hosts)}")
+    hosts = _named(args, [args.host])
     want = load_desired(args.host, hosts[args.host].data)
     if (name := next((n for n in args.stack if n not in want.stacks), None)) is not None:
         raise UsageError(f"--stack {name!r}: {args.host} stages no such stack; "
-                             f"allowed: {', '.join(want.stacks)}")
+                         f"allowed: {', '.join(want.stacks)}")
     stacks = {n: s.pins for n, s in want.stacks.items() if not args.stack or n in args.stack}
     wanted, _ = wanted_images(stacks)
     _directory("--to", args.to)
@@ -213,7 +219,7 @@ def _pick(info: ArchiveInfo, image: str | None) -> ArchivedImage:
     if (named := next((i for i in info.images if image in i.repo_tags), None)) is not None:
         return named
     raise UsageError(f"{info.path}: holds {len(info.images)} images ({info.label}); "
-                         "allowed: --image <repo>:<tag> naming one of them")
+                     "allowed: --image <repo>:<tag> naming one of them")
 
 
 def _copy(src: Path, dest: Path) -> str:
@@ -234,11 +240,8 @@ def _copy(src: Path, dest: Path) -> str:
 def cmd_import(args: argparse.Namespace) -> int:
     if not args.host and args.into is None:
         raise UsageError("import: say where it goes: --host NAME (load it into that host's "
-                             "engine) and/or --into DIR (keep it as an archive image source)")
-    targets = {h.name: h for h in _hosts(args)} if args.host else {}
-    if unknown := [h for h in args.host if h not in targets]:
-        raise UsageError(f"--host {', '.join(unknown)}: not in {args.inventory}; allowed: "
-                             f"{', '.join(targets)}")
+                         "engine) and/or --into DIR (keep it as an archive image source)")
+    targets = _named(args, args.host) if args.host else {}
     info = inspect_archive(args.file)
     chosen = _pick(info, args.image)
     sidecar = info.sidecar if info.sidecar.get("image_id") == chosen.image_id else {}
@@ -246,8 +249,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         chosen.repo_tags[0] if len(chosen.repo_tags) == 1 else None)
     if not image:
         raise UsageError(f"{args.file}: its name is unknown (tags: "
-                             f"{', '.join(chosen.repo_tags) or 'none'}); allowed: --image "
-                             "<repo>:<tag> (the pinned image it is a copy of)")
+                         f"{', '.join(chosen.repo_tags) or 'none'}); allowed: --image "
+                         "<repo>:<tag> (the pinned image it is a copy of)")
     digest = args.digest or sidecar.get("digest")
     result: dict[str, Any] = {"file": str(args.file), "image": image, "image_id": chosen.image_id,
                               "digest": digest, "vllm_version": sidecar.get("vllm_version"),

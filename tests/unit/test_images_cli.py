@@ -129,6 +129,9 @@ def test_import_needs_a_destination_and_a_name(fleet, capsys) -> None:
     docker_save_tar(saved, None)
     assert main(["images", "import", str(saved)]) == 2  # usage errors, as argparse's
     assert "say where it goes: --host NAME" in capsys.readouterr().err
+    assert main(["images", "import", str(saved), "--host", "host2", "--host", "x", "--host",
+                 "y"]) == 2  # every unknown name, in the same words as export's
+    assert "--host 'x', 'y': not in inventory/home.py" in " ".join(capsys.readouterr().err.split())
     assert main(["images", "import", str(saved), "--into", str(fleet["tmp"] / "a")]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "its name is unknown (tags: none); allowed: --image" in err
