@@ -123,45 +123,57 @@ def sha1_bound(ring: Path, home: Path) -> bool:
     return any(found == {2} for found in algos.values())
 
 
+def split_clearsigned(data: bytes, where: str) -> tuple[bytes, bytes]:
+    """(the signed text, its armored signature) of a clear-signed ``InRelease``, split as apt
+    splits it before ``sqv`` or ``gpgv`` check it: only what the signature covers is read."""
+    lines = data.decode("utf-8", "replace").split("\n")
+    try:
+        if lines[0].rstrip() != "-----BEGIN PGP SIGNED MESSAGE-----":
+            raise ValueError
+        body = lines.index("", 1) + 1  # after the Hash: headers
+        sig = lines.index("-----BEGIN PGP SIGNATURE-----", body)
+        end = lines.index("-----END PGP SIGNATURE-----", sig)
+    except ValueError:
+        raise AptIndexError(f"{where}: not a clear-signed index") from None
+    if any(line.strip() for line in lines[end + 1:]):
+        raise AptIndexError(f"{where}: text after the signature (apt refuses it)")
+    text = "\n".join((line[2:] if line.startswith("- ") else line).rstrip(" \t\r")
+                     for line in lines[body:sig])  # RFC 4880 7.1: trailing whitespace unsigned
+    return text.encode(), "\n".join(lines[sig:end + 1]).encode() + b"\n"
+
+
 def verify(base: str, key: bytes, repo: AptRepo, policy: str, timeout: float) -> tuple[str, str]:
-    """(the verified Release text, the verifier used) of the index at ``base``."""
+    """(the verified Release text, the verifier used) of the index at ``base``: ``InRelease``,
+    else ``Release`` and ``Release.gpg``, as apt tries them."""
     with tempfile.TemporaryDirectory(prefix="rigfleet-apt-") as tmp:
         home = Path(tmp)  # mode 0700, as gpg wants its home
         ring = keyring(key, home, repo.key_fingerprint, repo.key_url)
+        if policy == "sqv" and sha1_bound(ring, home):
+            raise AptIndexError(
+                f"{repo.key_url}: the key's bindings are SHA-1, which Debian 13's apt "
+                f"(sqv) rejects since {SHA1_CUTOFF}; allowed: the repository NVIDIA signs "
+                "for this distribution with its own key, or a host policy that relaxes it")
         release, sig = home / "Release", home / "Release.gpg"
-
-        def detached() -> list[str]:  # Release and its signature beside it
-            release.write_bytes(_get(f"{base}/Release", timeout))
-            sig.write_bytes(_get(f"{base}/Release.gpg", timeout))
-            return [str(sig), str(release)]
-
-        if policy == "sqv" and shutil.which("sqv"):
-            proc = _run(["sqv", "--keyring", str(ring), *detached()], base)
-            if proc.returncode != 0:
-                raise AptIndexError(f"{base}/Release: sqv (Debian 13's apt) rejects the "
-                                    f"signature: {proc.stderr.decode().strip()[-300:]}")
-            return release.read_bytes().decode("utf-8", "replace"), "sqv"
-        verifier = "gpgv"
-        if policy == "sqv":
-            verifier = "gpgv (sqv not installed; SHA-1 bindings checked with gpg)"
-            if sha1_bound(ring, home):
-                raise AptIndexError(
-                    f"{repo.key_url}: the key's bindings are SHA-1, which Debian 13's apt "
-                    f"(sqv) rejects since {SHA1_CUTOFF}; allowed: the repository NVIDIA signs "
-                    "for this distribution with its own key, or a host policy that relaxes "
-                    "it")
-        gpgv = ["gpgv", "--homedir", str(home), "--keyring", str(ring)]
         try:
-            (home / "InRelease").write_bytes(_get(f"{base}/InRelease", timeout))
-            args = [*gpgv, "--output", "-", str(home / "InRelease")]
+            text, armored = split_clearsigned(_get(f"{base}/InRelease", timeout),
+                                              f"{base}/InRelease")
         except AptMissing:
-            args = [*gpgv, *detached()]
-        proc = _run(args, base)
+            text, armored = _get(f"{base}/Release", timeout), _get(f"{base}/Release.gpg", timeout)
+        release.write_bytes(text)
+        sig.write_bytes(armored)
+        if policy == "sqv" and shutil.which("sqv"):
+            proc = _run(["sqv", "--keyring", str(ring), str(sig), str(release)], base)
+            if proc.returncode != 0:
+                raise AptIndexError(f"{base}: sqv (Debian 13's apt) rejects the signature: "
+                                    f"{proc.stderr.decode().strip()[-300:]}")
+            return text.decode("utf-8", "replace"), "sqv"
+        proc = _run(["gpgv", "--homedir", str(home), "--keyring", str(ring), str(sig),
+                     str(release)], base)
         if proc.returncode != 0:
             raise AptIndexError(f"{base}: the index's signature does not verify with "
                                 f"{repo.key_url}: {proc.stderr.decode().strip()[-300:]}")
-        text = proc.stdout if "--output" in args else release.read_bytes()
-        return text.decode("utf-8", "replace"), verifier
+        return text.decode("utf-8", "replace"), "gpgv" if policy != "sqv" else (
+            "gpgv (sqv not installed; SHA-1 bindings checked with gpg)")
 
 
 def sha256_list(release: str) -> dict[str, str]:

@@ -2,8 +2,9 @@
 # Make sure a Docker engine answers on this machine, installing and starting one if needed,
 # and that the tools the unit tests run for real are here (HAProxy's and nginx's own config
 # checks and live runs on loopback; Prometheus and its promtool for the monitor's rules and
-# config, curl, and headless Chromium for the `rigfleet status --html` page). CI machines have
-# no systemd as PID 1, so dockerd is started by hand there (TESTBED-FACTS.md).
+# config, curl, headless Chromium for the `rigfleet status --html` page, and sqv, Debian 13's
+# apt verifier, for `rigfleet check --online`). CI machines have no systemd as PID 1, so
+# dockerd is started by hand there (TESTBED-FACTS.md).
 #
 #   sudo bash scripts/ensure-docker.sh     # make demo and make test run it (idempotent)
 set -euo pipefail
@@ -17,6 +18,7 @@ need_pkgs=()
 command -v dockerd >/dev/null || need_pkgs+=(docker.io)
 command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
 command -v gpg >/dev/null || need_pkgs+=(gnupg)
+command -v sqv >/dev/null || need_pkgs+=(sqv)
 command -v apt-ftparchive >/dev/null || need_pkgs+=(apt-utils)
 command -v dpkg-deb >/dev/null || need_pkgs+=(dpkg-dev)
 command -v git >/dev/null || need_pkgs+=(git)

@@ -1,4 +1,4 @@
-"""Tools the monitor's tests run for real (promtool, Chromium): skipped with the reason
+"""Tools the unit tests run for real (promtool, Chromium, sqv): skipped with the reason
 where one is missing, except in CI (``RIGFLEET_CI`` set by .ci/run, or a CI system's ``CI``;
 scripts/ensure-docker.sh installs them there), where a missing tool is a failure; and what
 reads a page the way a person sees it (``Dom``, ``chromium_open``: the unit tests and

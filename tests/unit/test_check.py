@@ -9,6 +9,7 @@ import functools
 import gzip
 import hashlib
 import lzma
+import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -19,8 +20,15 @@ from typing import Any
 
 import pytest
 from images_fakes import fleet_data, pins_text
+from monitor_tools import need
 
-from rigfleet.aptindex import AptIndex, AptIndexError, AptUnreachable, read_index
+from rigfleet.aptindex import (
+    AptIndex,
+    AptIndexError,
+    AptUnreachable,
+    read_index,
+    split_clearsigned,
+)
 from rigfleet.check import (
     CHANGED,
     FOUND,
@@ -94,6 +102,16 @@ def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, d
                          sha1=True),
         "xz": make_repo(root, "xz", {"nvidia-smi": ["590.44.01-1"]}, lists=("Packages.xz",)),
     }
+    # The same repository serving only one of apt's two signature forms, and a forged index.
+    for variant, drop in (("inline", ("Release", "Release.gpg")), ("detached", ("InRelease",)),
+                          ("forged", ("Release", "Release.gpg"))):
+        shutil.copytree(root / "new", root / f"new-{variant}")
+        shutil.copy(root / "new.asc", root / f"new-{variant}.asc")
+        fprs[f"new-{variant}"] = fprs["new"]
+        for name in drop:
+            (root / f"new-{variant}" / "dists" / "stable" / name).unlink()
+    forged = root / "new-forged" / "dists" / "stable" / "InRelease"
+    forged.write_text(forged.read_text().replace("Origin: test", "Origin: forged"))
     handler = functools.partial(SimpleHTTPRequestHandler, directory=str(root))
     handler.log_message = lambda *a: None  # type: ignore[method-assign]
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -139,6 +157,36 @@ def test_a_sha1_bound_key_fails_trixies_policy_only(web) -> None:
         read_index(repo(web, "old"), policy="sqv")
     # A key with SHA-512 bindings passes trixie's policy (said how it was checked).
     assert "sqv" in read_index(repo(web, "new"), policy="sqv").verifier
+
+
+@pytest.mark.parametrize("verifier", ["sqv", "gpgv"])
+def test_either_signature_form_is_read_and_a_forged_index_refused(web, monkeypatch,
+                                                                   verifier: str) -> None:
+    """Debian 13's policy with its own verifier (sqv) and without it (gpgv): an index signed
+    inline only (InRelease) or detached only (Release.gpg) reads; a changed InRelease does not."""
+    if verifier == "sqv":
+        need("sqv", "sqv")
+    else:
+        which = shutil.which
+        monkeypatch.setattr(shutil, "which", lambda n: None if n == "sqv" else which(n))
+    for form in ("inline", "detached"):
+        index = read_index(repo(web, f"new-{form}"), policy="sqv")
+        assert index.versions("nvidia-driver-cuda") == ["590.44.01-1"]
+        assert index.verifier.startswith(verifier)
+    with pytest.raises(AptIndexError, match="rejects the signature|does not verify"):
+        read_index(repo(web, "new-forged"), policy="sqv")
+
+
+def test_text_after_an_inline_signature_is_refused(tmp_path) -> None:
+    armored = b"-----BEGIN PGP SIGNATURE-----\n\nAAAA\n-----END PGP SIGNATURE-----\n"
+    signed = (b"-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA512\n\nOrigin: x  \n- -dashed\n"
+              + armored)
+    # Dash-escaping undone; trailing whitespace is not signed (RFC 4880 7.1).
+    assert split_clearsigned(signed, "r") == (b"Origin: x\n-dashed", armored)
+    with pytest.raises(AptIndexError, match="r: text after the signature"):
+        split_clearsigned(signed + b"Origin: unsigned\n", "r")
+    with pytest.raises(AptIndexError, match="r: not a clear-signed index"):
+        split_clearsigned(b"Origin: x\n", "r")
 
 
 def test_packages_not_listed_in_the_signed_index_are_refused(web, tmp_path) -> None:
