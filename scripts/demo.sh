@@ -7,7 +7,8 @@
 #   bash scripts/demo.sh       # a testbed already up (RIGFLEET_TESTBED_INSTANCE picks which)
 #
 # Environment: RIGFLEET_TESTBED_INSTANCE (default 0), DEMO_HOST (the swapped host, host1),
-# DEMO_LOG (the log file, default reports/demo-<time>.log).
+# DEMO_LOG (the log file, default reports/demo-<time>.log), RIGFLEET_REACH (default: the
+# testbed's published hub and apt ports, so the deploy checks each pin at its source).
 set -euo pipefail
 case "${1:-}" in
     -h|--help) sed -n '2,/^set -/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
@@ -20,6 +21,9 @@ instance="${RIGFLEET_TESTBED_INSTANCE:-0}"
 inventory="inventory/testbed.py"
 [ "$instance" = 0 ] || inventory="inventory/testbed-${instance}.py"
 mkdir -p reports
+RIGFLEET_REACH="${RIGFLEET_REACH:-$(python -c 'from rigfleet_testbed import layout
+print(" ".join(layout.CONTROL_REACH))')}"
+export RIGFLEET_REACH
 export DEMO_LOG="${DEMO_LOG:-reports/demo-$(date -u +%Y%m%dT%H%M%SZ).log}"
 : > "$DEMO_LOG"
 log="$DEMO_LOG"
@@ -45,8 +49,11 @@ echo "   converged in ${converge_s} s"
 echo "== 2/5 a second run (--dry) changes nothing"
 dry=$(pyinfra "$inventory" deploy.py --dry 2>&1) || { echo "$dry" >> "$log"; echo "pyinfra --dry failed; see $log" >&2; exit 1; }
 echo "$dry" >> "$log"
-echo "$dry" | sed -n '/Detected changes/,$p' | grep -E '^\s*(host|lb|\[)|Detected|[Nn]o changes' \
-    | sed 's/^/   /' || true
+# pyinfra's table: an operation per row, its last two columns the hosts it would change ("-":
+# none); a row with anything else there is shown.
+echo "$dry" | awk '/^--> Detected changes/ {on = 1; next} /Detected changes may not/ {on = 0}
+    on && NF > 2 && $1 != "Operation" {n++; if ($NF != "-" || $(NF - 1) != "-") {c++; print "   " $0}}
+    END {printf "   %d operations checked: %s\n", n, c ? c " would change a host (above)" : "none would change a host"}'
 
 echo "== 3/5 serving endpoints"
 rigfleet endpoints --inventory "$inventory"

@@ -27,10 +27,12 @@ echo "== swap $host to tq3-mtp-genesis, gated: pyinfra $inventory deploy.py --li
 echo "   pyinfra's output: $log"
 before=$(ls -1t "reports/$host"/verify-*.md 2>/dev/null | head -n 1 || true)
 status=0
+seen=$(wc -l < "$log" 2>/dev/null || echo 0)  # the log may hold earlier runs (make demo's)
 "$pyinfra" "$inventory" deploy.py -y --limit "$host" --data stack=tq3-mtp-genesis \
     >> "$log" 2>&1 || status=$?
-grep -E "\[$host\] (swap (plan|front|stop|vram|start|ready|gate: (pass|fail)|promote|rollback|done)|swap:|$host:)" \
-    "$log" | sed 's/^/   /' || true
+tail -n "+$((seen + 1))" "$log" | grep -E \
+    "\[$host\] (swap (plan|front|stop|vram|start|ready|gate: (pass|fail)|promote|rollback|done)|swap:|$host:)" \
+    | sed 's/^/   /' || true
 if [ "$status" != 0 ]; then
     echo "the swap did not promote (pyinfra exit $status); full log: $log" >&2
 fi

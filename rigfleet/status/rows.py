@@ -59,8 +59,11 @@ def build_row(want: DesiredHost, probe: HostProbe, seconds: float = 0.0) -> Stat
     stack = probe.state.get("stack") or c.get("stack") or next(
         (n.removeprefix("rigfleet-") for n, v in probe.containers.items()
          if v.get("status") == "running"), None)
+    # The image of the stack that runs, also when it is not the desired one (drift says so).
+    runs = want.stacks.get(stack or "", want.current)
+    c = probe.containers.get(runs.spec.container_name, c)
     digests = [str(d) for d in c.get("digests") or []]
-    digest = want.current.pins.digest if want.current.pins.digest in digests else (
+    digest = runs.pins.digest if runs.pins.digest in digests else (
         digests[0] if digests else None)
     result, when = gate_summary(probe)
     last = probe.throughput_last

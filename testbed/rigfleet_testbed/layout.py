@@ -70,6 +70,11 @@ TOOLKIT_APT_BASE = "http://nvidia.github.rigfleet.test/libnvidia-container"
 DOCKER_APT_URL = "http://download.docker.rigfleet.test/linux/{id}"
 DOCKER_APT_KEY_URL = "http://download.docker.rigfleet.test/linux/{id}/gpg"
 HUB_URL = "http://hub.rigfleet.test:8080"
+# ``--reach`` / RIGFLEET_REACH pairs by which the control machine reaches the hub and the apt
+# repositories (named in the inventory as the hosts see them) on their published loopback ports.
+CONTROL_REACH = (f"{HUB_URL}=http://127.0.0.1:{HUB_LOCAL_PORT}",
+                 *(f"{base.split('/', 3)[0]}//{base.split('/', 3)[2]}=http://127.0.0.1:"
+                   f"{APT_LOCAL_PORT}" for base in (CUDA_APT_BASE, TOOLKIT_APT_BASE)))
 # The Genesis repository under its canonical (renamed) name, the old name GitHub redirects, and
 # the real history from ../shared/upstream (when that bundle is there).
 GIT_BASE_URL = "http://git.rigfleet.test:8090"

@@ -23,10 +23,7 @@ PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 # The control side reaches the twin's hub and apt repository on published loopback ports (the
 # inventory names them as the hosts do); the registry and Genesis already have theirs
 # (bump_registry, bump_genesis_url).
-REACH = [f"{layout.HUB_URL}=http://127.0.0.1:{layout.HUB_LOCAL_PORT}",
-         *(f"{base.split('/', 3)[0]}//{base.split('/', 3)[2]}=http://127.0.0.1:"
-           f"{layout.APT_LOCAL_PORT}" for base in (layout.CUDA_APT_BASE,
-                                                   layout.TOOLKIT_APT_BASE))]
+REACH = layout.CONTROL_REACH
 GONE_DIGEST = "sha256:" + "d" * 64
 GONE_REVISION = "e" * 40
 GONE_BRANCH = "599"

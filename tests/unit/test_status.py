@@ -295,6 +295,18 @@ def test_build_row_reports_what_runs(want):
     assert row.ok
 
 
+def test_build_row_of_a_host_off_its_stack_shows_the_image_that_runs(want):
+    """A host serving another staged stack (``--data stack=...``): its image column is that
+    stack's container's (a derived Genesis image stands for its base digest), not "-"."""
+    facts = converged_facts(want)
+    facts["state"]["stack"] = "tq3-mtp-genesis"
+    facts["containers"] = {"rigfleet-tq3-mtp-genesis": {
+        "status": "running", "stack": "tq3-mtp-genesis", "digests": [OTHER_DIGEST]}}
+    row = build_row(want, HostProbe(facts))
+    assert (row.stack, row.digest) == ("tq3-mtp-genesis", OTHER_DIGEST)
+    assert "container rigfleet-int8 does not exist" in row.drift
+
+
 def test_build_row_without_state_falls_back_to_the_running_container(want):
     facts = converged_facts(want)
     facts["state"] = None
