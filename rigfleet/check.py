@@ -342,8 +342,9 @@ def problems_of(findings: Iterable[Finding]) -> list[Finding]:
     return [f for f in findings if f.status in (MISSING, UNREACHABLE)]
 
 
-def deploy_online(images: bool = False, reach: Sequence[str] = (), timeout: float = 10.0) -> Online:
-    """The deploy's online pass: short timeouts, ``RIGFLEET_REACH`` pairs as --reach."""
+def online_pass(images: bool = False, reach: Sequence[str] = (), timeout: float = 10.0) -> Online:
+    """An online pass (check, the deploy's preflight, pins lock, bump): ``RIGFLEET_REACH``'s
+    pairs, then ``reach`` (--reach)."""
     pairs = [*os.environ.get("RIGFLEET_REACH", "").split(), *reach]
     return Online(reach=reacher(pairs), timeout=timeout, images=images)
 
@@ -387,7 +388,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--online", action="store_true",
                    help="also ask each pinned thing's source (registries, hub, Genesis, apt)")
     p.add_argument("--reach", action="append", default=[], metavar="FROM=TO",
-                   help="this machine reaches URLs starting FROM at TO (repeatable)")
+                   help="this machine reaches URLs starting FROM at TO (repeatable; "
+                   "added to RIGFLEET_REACH's pairs)")
     p.set_defaults(func=cmd_check)
 
 
@@ -398,7 +400,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from rigfleet.tables import show
 
     checked = offline(fleet_hosts(args))
-    run = Online(reach=reacher(args.reach), timeout=args.timeout)
+    run = online_pass(images=True, reach=args.reach, timeout=args.timeout)
     if args.online:
         for settings, pins, oses in checked.hosts.values():
             run.host(settings, pins, oses)

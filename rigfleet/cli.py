@@ -33,7 +33,7 @@ from rigfleet.tables import Table, show
 
 
 def cmd_pins(args: argparse.Namespace) -> int:
-    from rigfleet.check import deploy_online, verify_pins
+    from rigfleet.check import online_pass, verify_pins
     from rigfleet.pinlock import lock
     from rigfleet.pins import Pins
 
@@ -46,7 +46,7 @@ def cmd_pins(args: argparse.Namespace) -> int:
 
     def verify(pins: Pins) -> list[str]:
         """The refusals of the inventory's sources (each pin is there); warnings logged."""
-        online = deploy_online(images=True, reach=args.reach, timeout=args.timeout)
+        online = online_pass(images=True, reach=args.reach, timeout=args.timeout)
         refusals, warnings = verify_pins(hosts, pins, online)
         for line in warnings:
             log(f"warning: {line}")

@@ -18,7 +18,7 @@ from pyinfra.api.state import BaseStateCallback, State
 from rigfleet.aptrepos import OS_ALLOWED, SUPPORTED_OS
 from rigfleet.balancer.plan import BalancerPlan, GpuHost, fleet_plan
 from rigfleet.catalog import StackSpec
-from rigfleet.check import Online, deploy_online, deploy_verdict, os_disagrees
+from rigfleet.check import Online, deploy_verdict, online_pass, os_disagrees
 from rigfleet.commands import hosttool
 from rigfleet.commands import nvidia as nvidia_commands
 from rigfleet.desired import DesiredHost, load_desired
@@ -108,7 +108,7 @@ class BalancerContext:
 
 
 # How the pinned things' sources are asked (tests put None or a fake here), once a run.
-SOURCES: Callable[[], Online] | None = deploy_online
+SOURCES: Callable[[], Online] | None = online_pass
 _ONLINE: weakref.WeakKeyDictionary[State, Online] = weakref.WeakKeyDictionary()
 
 # Per run (State): refused hosts and why, for the summary at the end.

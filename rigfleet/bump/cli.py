@@ -62,7 +62,7 @@ from rigfleet.bump.output import (
     refused,
 )
 from rigfleet.bump.plan import Plan, build_plan
-from rigfleet.check import Online, deploy_online, verify_pins
+from rigfleet.check import Online, online_pass, verify_pins
 from rigfleet.cliargs import UsageError, add_yes, run_command, select, ssh_command
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import reachability
@@ -212,7 +212,7 @@ def _bump(opts: BumpOptions, inputs: Inputs, remote: Remote) -> int:
 
 
 # How the plan's pins are asked of their sources (rigfleet/check.py; tests put None here).
-SOURCES: Callable[[], Online] | None = partial(deploy_online, images=True)
+SOURCES: Callable[[], Online] | None = partial(online_pass, images=True)
 
 
 def refuse_missing(inputs: Inputs, plan: Plan, run: Online) -> None:

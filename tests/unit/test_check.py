@@ -498,12 +498,17 @@ def test_the_online_pass_asks_each_source_with_the_timeout_given(tmp_path, monke
     data = fleet_data(tmp_path, stack="int8", stacks=["int8"])
     monkeypatch.setattr(cliargs, "fleet_hosts",
                         lambda args: [InventoryHost("rig-a", ("gpu_hosts",), data)])
-    seen: list[float] = []
-    monkeypatch.setattr(Online, "host", lambda self, *a: seen.append(self.timeout))
+    seen: list[tuple[float, str, str]] = []
+    monkeypatch.setattr(Online, "host", lambda self, *a: seen.append(
+        (self.timeout, self.reach("http://hub.test/api"), self.reach("http://apt.test/k"))))
+    # RIGFLEET_REACH is read as the deploy's preflight reads it, --reach added to it.
+    monkeypatch.setenv("RIGFLEET_REACH", "http://hub.test=http://127.0.0.1:1")
     parser = argparse.ArgumentParser()
     check.add_parser(parser.add_subparsers())
-    for argv, want in ((["check", "--online", "--json"], 10.0),
-                       (["check", "--online", "--json", "--timeout", "3"], 3.0)):
+    hub, apt = "http://127.0.0.1:1/api", "http://apt.test/k"
+    for argv, want in ((["check", "--online", "--json"], (10.0, hub, apt)),
+                       (["check", "--online", "--json", "--timeout", "3", "--reach",
+                         "http://apt.test=http://127.0.0.1:2"], (3.0, hub, "http://127.0.0.1:2/k"))):
         args = parser.parse_args(argv)
         args.func(args)
         assert seen.pop() == want
