@@ -130,7 +130,9 @@ def _weights_drift(want: DesiredHost, m: Mapping[str, Any]) -> list[str]:
         return [f"weights manifest {m['error']}"]
     out = []
     model = want.model
-    if m.get("revision") != model.revision or m.get("repo") != model.repo:
+    if m.get("repo") != model.repo:
+        out.append(f"manifest repo {m.get('repo') or '-'}, pin {model.repo}")
+    elif m.get("revision") != model.revision:
         out.append(f"manifest revision {short(m.get('revision'))}, pin {short(model.revision)}")
     if not m.get("intact"):
         out.append(f"weights: {m.get('reason')}")

@@ -240,6 +240,15 @@ def test_weights_revision_and_modified_shard(want):
     assert drift(want, facts) == ["weights manifest missing"]
 
 
+def test_weights_of_another_repository_name_the_repository(want):
+    """A manifest of another model repo at the pinned revision said "manifest revision
+    0123456789ab, pin 0123456789ab": two equal values, nothing to act on."""
+    facts = converged_facts(want)
+    facts["manifest"]["repo"] = "someone/other-model"
+    assert drift(want, facts) == [
+        "manifest repo someone/other-model, pin Lorbus/Qwen3.6-27B-int4-AutoRound"]
+
+
 def test_front_not_answering_or_answering_without_the_key(want):
     facts = converged_facts(want)
     facts["front"] = {"no_key": 200, "with_key": 502, "models": []}
