@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -481,16 +482,19 @@ class PyinfraRunner:
                                     env={**os.environ, **self.env}, text=True, errors="replace")
             assert proc.stderr is not None
             log: list[str] = []
-            for line in proc.stderr:
-                log.append(line)
-                log_file.write(line)
-                log_file.flush()
-                on_line(line.rstrip())
+            killer = threading.Timer(self.timeout, proc.kill)  # a hung run holds stderr open
+            killer.start()
             try:
-                rc = proc.wait(timeout=self.timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+                for line in proc.stderr:
+                    log.append(line)
+                    log_file.write(line)
+                    log_file.flush()
+                    on_line(line.rstrip())
                 rc = proc.wait()
+            finally:
+                killer.cancel()
+            if time.monotonic() - started >= self.timeout:
+                log_file.write(f"--- killed after {self.timeout:g} s (timeout)\n")
             out_file.seek(0)
             stdout = out_file.read()
             log_file.write(f"--- exit {rc}; stdout (pyinfra --json)\n" + stdout)

@@ -337,6 +337,27 @@ def test_runner_skips_busy_and_unreachable_hosts_before_a_batch() -> None:
     }
 
 
+def test_a_hung_pyinfra_is_killed_at_the_runner_timeout(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pyinfra run that hangs with stderr open (an SSH session that never answers) blocked
+    the bump for ever: the timeout was only applied once stderr had closed."""
+    import sys
+    import time
+
+    from rigfleet.bump import rollout as rollout_mod
+
+    monkeypatch.setattr(rollout_mod, "pyinfra_command", lambda *a: [
+        sys.executable, "-c", "import sys, time; print('started', file=sys.stderr, flush=True); "
+        "time.sleep(20)"])
+    runner = rollout_mod.PyinfraRunner("inv.py", {}, None, log_dir=tmp_path,  # type: ignore[arg-type]
+                                       timeout=1)
+    t0 = time.monotonic()
+    result = runner.deploy(["host1"], None, 1, lambda _: None)
+    assert time.monotonic() - t0 < 10
+    assert result.rc != 0 and result.failed("host1")
+    assert "killed after 1 s" in (tmp_path / "batch-1.log").read_text()
+
+
 def test_a_pins_file_saved_meanwhile_is_never_overwritten(tmp_path: Path) -> None:
     from rigfleet.bump.execute import record_pins
 
