@@ -41,12 +41,12 @@ NOT_STAGED = 3  # the remote command's exit status when --stack's compose file i
 def parse_since(value: str, now: datetime | None = None) -> datetime:
     """``--since``'s value as a UTC time; ``UsageError`` names the flag and what is allowed."""
     text = value.strip()
-    if m := _DURATION.fullmatch(text):
-        now = now or datetime.now(UTC)
-        return now - timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
     try:
+        if m := _DURATION.fullmatch(text):
+            now = now or datetime.now(UTC)
+            return now - timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
         when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+    except (ValueError, OverflowError):  # not a time, or one before year 1
         raise UsageError(f"--since: {value!r}; allowed: {SINCE_ALLOWED}") from None
     return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
 

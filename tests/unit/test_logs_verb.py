@@ -29,6 +29,12 @@ def test_since_takes_durations_and_utc_times_and_names_the_flag():
         parse_since("10 minutes")
 
 
+def test_a_duration_back_before_year_1_is_a_usage_error_not_a_traceback():
+    for value in ("1000000d", "99999999999999999999s"):
+        with pytest.raises(ValueError, match=rf"--since: '{value}'; allowed: a duration"):
+            parse_since(value, NOW)
+
+
 def test_the_commands_read_the_active_project_the_supervisor_unit_and_the_ledger():
     command = build(None, list(cmds.SOURCES), None, 100, follow=False)
     assert ("docker compose -f /var/lib/rigfleet/active/compose.yaml logs --no-color "
