@@ -122,7 +122,8 @@ def bumped_stacks(opts: BumpOptions, pins: Pins, repository: str | None) -> list
              if (repository is not None and p.repository == repository)
              or (opts.genesis and p.genesis is not None)]
     if not names:
-        raise BumpError(f"no pinned stack uses {repository}; name one with --stack")
+        uses = " or ".join(w for w in (repository, "Genesis" if opts.genesis else None) if w)
+        raise BumpError(f"no pinned stack uses {uses}; name one with --stack")
     return names
 
 

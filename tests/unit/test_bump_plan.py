@@ -110,6 +110,19 @@ def test_batch_size_and_max_failures_are_checked() -> None:
         BumpOptions(inventory="inv.py", deploy="deploy.py", rollback_to=1, max_failures=0)
 
 
+def test_genesis_alone_over_pins_without_a_genesis_stack_says_so(tmp_path: Path) -> None:
+    """``--genesis C`` when no stack pins Genesis said "no pinned stack uses None"."""
+    from rigfleet.bump.decide import BumpError, bumped_stacks
+
+    data = pins_data()
+    del data["stacks"]["tq3-mtp-genesis"]
+    pins = write_pins(tmp_path, data)
+    opts = BumpOptions(inventory="inv.py", deploy="deploy.py", genesis=GENESIS_NEW)
+    with pytest.raises(BumpError) as e:
+        bumped_stacks(opts, pins, None)
+    assert "None" not in str(e.value) and "no pinned stack uses Genesis" in str(e.value)
+
+
 def test_registry_and_mirror_urls_are_checked_before_anything_runs() -> None:
     """``--push-mirror registry.lan:5000`` (no scheme; the --help example was so) was taken,
     and failed as "unknown url type" only after the rollout, when the image was copied."""
