@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Iterable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from packaging.version import Version
 
@@ -107,7 +109,7 @@ def choose_latest(asks: Mapping[str, LatestAsk]) -> LatestChoice:
 
 
 def newest_nightly(reg: Registry, repository: str) -> Candidate:
-    """The nightly built last (RFC 3339 UTC strings sort by time); ties by tag."""
+    """The nightly built last (by its build time, whatever its UTC offset); ties by tag."""
     tags = sorted(t for t in reg.tags(repository) if NIGHTLY_TAG.fullmatch(t))
     if not tags:
         raise RegistryError(f"registry {reg.where}: {repository} has no nightly-<commit> tags")
@@ -117,11 +119,11 @@ def newest_nightly(reg: Registry, repository: str) -> Candidate:
             found = find_candidate(reg, repository, t)
         except RegistryError:
             continue  # a tag deleted while we list is not a candidate
-        if found.created:
-            dated.append(found)
+        with suppress(ValueError):
+            dated.append((datetime.fromisoformat(found.created or "").astimezone(UTC), found))
     if not dated:
         raise RegistryError("no nightly tag has a readable build time")
-    return max(dated, key=lambda c: ((c.created or "").replace("+00:00", "Z"), c.tag))
+    return max(dated, key=lambda d: (d[0], d[1].tag))[1]
 
 
 def find_candidate(reg: Registry, repository: str, tag: str) -> Candidate:

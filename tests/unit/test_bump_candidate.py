@@ -163,6 +163,25 @@ def test_latest_is_the_newest_commit_tag_by_build_time(registry) -> None:
     assert [t for t in tags if NIGHTLY_TAG.fullmatch(t)] == [f"nightly-{GOOD}"]
 
 
+def test_build_times_with_an_offset_are_ordered_as_times(monkeypatch) -> None:
+    """A build time written with a UTC offset was compared as text: 12:00+02:00 (10:00 UTC)
+    came after 11:00Z, so --latest picked the older nightly."""
+    from rigfleet.bump import candidate as candidate_mod
+
+    created = {GOOD: "2026-05-04T12:00:00+02:00", NEWER: "2026-05-04T11:00:00Z",
+               REGRESSED: "not a time"}
+
+    class Tags:
+        where = "http://registry.test"
+
+        def tags(self, repository: str) -> list[str]:
+            return [f"nightly-{sha}" for sha in created]
+
+    monkeypatch.setattr(candidate_mod, "find_candidate", lambda reg, repo, tag: Candidate(
+        repo, tag, DIGESTS[tag[8:]], created[tag[8:]]))
+    assert newest_nightly(Tags(), REPO).tag == f"nightly-{NEWER}"  # type: ignore[arg-type]
+
+
 def test_missing_tag_names_it(registry) -> None:
     url, _ = registry
     with pytest.raises(RegistryError, match="not found"):
