@@ -28,10 +28,11 @@ def keyring_path(key_url: str) -> str:
 
 def _fetch_dearmored(key_url: str, out: str) -> str:
     # Armored keys are dearmored (byte-stable, so comparable); binary keys pass through.
-    return (f'rf_raw=$(mktemp) && curl -fsSL {shlex.quote(key_url)} -o "$rf_raw" && '
+    # The download is removed whether it worked or not (a fact runs this at every converge).
+    return (f'rf_raw=$(mktemp) && {{ curl -fsSL {shlex.quote(key_url)} -o "$rf_raw" && '
             f"{{ if grep -q 'BEGIN PGP PUBLIC KEY BLOCK' \"$rf_raw\"; "
             f'then gpg --batch --yes --dearmor -o {out} "$rf_raw"; '
-            f'else cp "$rf_raw" {out}; fi; }} && rm -f "$rf_raw"')
+            f'else cp "$rf_raw" {out}; fi; }}; rf_rc=$?; rm -f "$rf_raw"; [ $rf_rc -eq 0 ]; }}')
 
 
 def keyring_state(key_url: str, dest: str) -> str:
@@ -43,7 +44,7 @@ def keyring_state(key_url: str, dest: str) -> str:
             f"rf_new=$(mktemp) && {_fetch_dearmored(key_url, chr(34) + '$rf_new' + chr(34))}; "
             f'then if cmp -s "$rf_new" {d}; then echo same; else echo differ; fi; '
             'rm -f "$rf_new"; '
-            "else echo same; fi")
+            'else rm -f ${rf_new:+"$rf_new"}; echo same; fi')
 
 
 def install_keyring(key_url: str, dest: str, fingerprint: str | None = None) -> str:
