@@ -119,7 +119,8 @@ def exit_status(result: RolloutResult) -> int:
         return EXIT_FAILED
     if skipped := [o for o in result.by_status(Status.SKIPPED) if OUTSIDE_LIMIT not in o.reason]:
         names = ", ".join(f"{o.host} ({o.reason or 'unreachable'})" for o in skipped)
-        console.print(f"[yellow]promoted, but skipped host(s): {names}[/yellow]")
+        said = "promoted, but" if result.by_status(Status.PROMOTED) else "nothing promoted;"
+        console.print(f"[yellow]{said} skipped host(s): {names}[/yellow]")
         return EXIT_SKIPPED
     return EXIT_OK
 

@@ -256,6 +256,20 @@ def test_unreachable_canary_stops_before_anything(tmp_path: Path) -> None:
     assert outcome_of(result) == "failed"
 
 
+def test_a_lone_canary_skipped_at_its_batch_is_not_called_promoted(tmp_path: Path,
+                                                                    capsys) -> None:
+    """A one-host fleet whose host went busy before its batch: nothing changed, yet the bump
+    said "promoted, but skipped host(s): host1 ..."."""
+    from rigfleet.bump.output import EXIT_SKIPPED, exit_status
+
+    plan = make_plan(tmp_path, n=1)
+    result, _ = run(plan, FakeRunner(plan, {"host1": "unreachable"}))
+    assert exit_status(result) == EXIT_SKIPPED
+    err = " ".join(capsys.readouterr().err.split())
+    assert "promoted" not in err.replace("nothing promoted", "")
+    assert "nothing promoted; skipped host(s): host1 (unreachable before its batch" in err
+
+
 def test_classify_edge_cases() -> None:
     old, new = stack("int8", GOOD), stack("int8", NEWER)
     ok = DeployResult(0, frozenset(), "", 1)
