@@ -23,7 +23,7 @@ from rigfleet.bump import images
 from rigfleet.bump.candidate import Candidate, parse_image_arg
 from rigfleet.bump.decide import BumpOptions, Inputs, load_fleet, load_inputs
 from rigfleet.bump.images import MirrorRegistry, copy_image
-from rigfleet.bump.journal import BumpJournal, journal_path, load_journal
+from rigfleet.bump.journal import BumpJournal, JournalError, journal_path, load_journal
 from rigfleet.bump.output import (
     EXIT_FAILED,
     EXIT_OK,
@@ -212,6 +212,8 @@ def run_journal(args: argparse.Namespace) -> int | None:
     try:
         hosts, _, pins, first = load_fleet(args.inventory, args.deploy)
         journal = load_journal(pins, first.catalog)
+    except JournalError as e:  # the deploy refuses every host over it: no bump can start
+        return error(escape(str(e)))
     except (RigfleetError, ValueError, RuntimeError) as e:
         return error(e) if abandon else None  # else the bump's own input checks say what is wrong
     if journal is None or journal.state == "finished":

@@ -461,6 +461,24 @@ def test_ctrl_c_then_the_same_command_again_finishes_the_bump(tmp_path, monkeypa
     assert not journal.path.exists()
 
 
+def test_a_broken_journal_stops_a_new_bump_before_the_registry_is_asked(tmp_path, monkeypatch,
+                                                                        capsys):
+    """An unreadable journal was passed over: the bump resolved and pulled the candidate,
+    then refused with "another bump's journal is there ... run `rigfleet bump` to finish it",
+    which refused the same way again; the journal's own problem was never said."""
+    plan = make_plan(tmp_path)
+    cli_fleet(tmp_path, monkeypatch, plan, FakeRunner(plan, {}))
+    journal_for(plan).path.write_text("{not json")
+
+    def registry(*a: Any) -> Any:
+        raise AssertionError("the registry was asked")
+
+    monkeypatch.setattr(bump_cli, "find_candidate", registry)
+    args = cli_args(tmp_path, image=f"nightly-{NEWER}", limit=[])
+    assert bump_cli.run(args) == output.EXIT_ERROR
+    assert "bump-journal.json: top level: not JSON" in " ".join(capsys.readouterr().err.split())
+
+
 def test_abandon_records_what_promoted_and_removes_the_journal(tmp_path, monkeypatch):
     plan = make_plan(tmp_path, n=3, batch=2)
     runner = KillingRunner(plan, {}, "half-1")  # --abandon never deploys
