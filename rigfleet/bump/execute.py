@@ -93,7 +93,8 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
     saved_pins = record_pins(plan, result, extra)
     end_journal(journal, result, saved_pins)
     restore(runner, result, real)
-    print_result(result, log_dir)
+    what = str(journal.history.get("action") or "bump")  # a rollback's, resumed or not
+    print_result(result, log_dir, what)
     summary = {"outcome": outcome_of(result), "stopped": result.stopped,
                "seconds": round(result.seconds, 1), "pins_file": plan.pins.path,
                "pins_serial": saved_pins.serial if saved_pins else plan.pins.serial,
@@ -102,7 +103,7 @@ def execute(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
     (log_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if opts.json:
         print(json.dumps(summary, indent=2))
-    return exit_status(result)
+    return exit_status(result, what)
 
 
 def resume_of(journal: BumpJournal) -> Resume:

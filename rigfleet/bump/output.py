@@ -97,8 +97,8 @@ def print_steps(plan: Plan, what: str) -> None:
                   f"host(s); a failed canary always stops the {what}")
 
 
-def print_result(result: RolloutResult, log_dir: Path) -> None:
-    table = Table(f"rigfleet bump: {outcome_of(result)} in {result.seconds:.0f}s",
+def print_result(result: RolloutResult, log_dir: Path, what: str = "bump") -> None:
+    table = Table(f"rigfleet {what}: {outcome_of(result)} in {result.seconds:.0f}s",
                   ["host", "result", "gate", "reason"])
     colors = {Status.PROMOTED: "green", Status.UP_TO_DATE: "green", Status.FAILED: "red",
               Status.LOST: "red", Status.SKIPPED: "yellow", Status.NOT_ATTEMPTED: "yellow"}
@@ -111,11 +111,11 @@ def print_result(result: RolloutResult, log_dir: Path) -> None:
     console.print(f"[dim]pyinfra logs: {log_dir}[/dim]")
 
 
-def exit_status(result: RolloutResult) -> int:
+def exit_status(result: RolloutResult, what: str = "bump") -> int:
     if bad := result.by_status(*BAD):
         parts = [f"{o.host} {o.status}" + (f" (failed checks: {', '.join(o.failed_checks)})"
                                            if o.failed_checks else "") for o in bad]
-        console.print(f"[red]bump failed:[/red] {'; '.join(parts)}")
+        console.print(f"[red]{what} failed:[/red] {'; '.join(parts)}")
         return EXIT_FAILED
     if skipped := [o for o in result.by_status(Status.SKIPPED) if OUTSIDE_LIMIT not in o.reason]:
         names = ", ".join(f"{o.host} ({o.reason or 'unreachable'})" for o in skipped)

@@ -564,6 +564,24 @@ def test_a_resumed_rollback_is_recorded_as_the_rollback(tmp_path, monkeypatch):
     assert (entry["action"], entry["to_serial"]) == ("rollback", plan.pins.serial - 1)
 
 
+def test_a_rollback_says_rollback_in_its_result_and_exit_line(tmp_path, monkeypatch, capsys):
+    """``rigfleet rollback`` ended with "rigfleet bump: partial in 1s" and "bump failed: ...":
+    the command the person ran was not the one named."""
+    from rigfleet.bump.decide import BumpOptions
+
+    plan = make_plan(tmp_path, n=3, batch=1)
+    cli_fleet(tmp_path, monkeypatch, plan, CliRunner(plan, {"host2": "rollback"}, None))
+    monkeypatch.setattr(execute, "restore", lambda *a: None)
+    opts = BumpOptions(inventory="inv.py", deploy=str(tmp_path / "deploy.py"),
+                       rollback_to=plan.pins.serial - 1, yes=True)
+    rc = execute.execute(opts, decide.load_inputs(opts), None, plan, None, "",
+                         history={"action": "rollback", "to_serial": plan.pins.serial - 1})
+    assert rc == output.EXIT_FAILED
+    err = " ".join(capsys.readouterr().err.split())
+    assert "rigfleet rollback: partial in" in err and "rollback failed: host2 failed" in err
+    assert "bump failed" not in err and "rigfleet bump:" not in err
+
+
 def test_abandon_with_dry_changes_nothing(tmp_path, monkeypatch):
     """``--abandon --dry`` shows where the hosts stand; it neither saves the pins file nor
     removes the journal (nor does ``--dry`` remove a finished journal)."""
