@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from typing import Any
 
 from rich.console import Console
@@ -25,7 +24,7 @@ from rich.markup import escape
 from rigfleet.bump.output import refused
 from rigfleet.cliargs import UsageError, host_command, one_host
 from rigfleet.commands import hosttool
-from rigfleet.hostside.records import describe
+from rigfleet.hostside.records import describe, now_iso
 from rigfleet.resources import deployed_by
 from rigfleet.ssh import SshRemote
 
@@ -42,8 +41,7 @@ def holder_row(holder: dict[str, Any] | None) -> dict[str, Any]:
         "since": holder.get("since"),
         "why": holder.get("why"),
         "process": who or (f"pid {holder.get('pid')} on {holder.get('host') or '?'}"),
-        "until": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
-        if isinstance(until, int | float) else None,
+        "until": now_iso(until, suffix="Z") if isinstance(until, int | float) else None,
         "deploy_id": holder.get("deploy_id") or None,
         "alive": bool(holder.get("alive")),
     }

@@ -15,6 +15,7 @@ from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import each_host, probe_for
 from rigfleet.hostdata import validate_host
 from rigfleet.hostprobe import HostProbe
+from rigfleet.hostside.records import now_iso
 from rigfleet.inventory import InventoryHost
 from rigfleet.ssh import HostUnreachable, Remote, SshRemote
 from rigfleet.status.drift import find_drift
@@ -49,8 +50,7 @@ def gate_summary(probe: HostProbe) -> tuple[str | None, str | None]:
     if (record := probe.gate) is not None:
         return record.result, record.at
     if (report := probe.newest_report) is not None:
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(report.mtime))
-        return f"report {Path(report.file).name}: {report.text}", when
+        return f"report {Path(report.file).name}: {report.text}", now_iso(report.mtime, suffix="Z")
     return None, None
 
 
