@@ -202,7 +202,7 @@ class GenesisRepo:
 @dataclass(frozen=True)
 class GenesisChoice:
     """The Genesis commit to pair with the candidate vLLM; ``proposed``: not the pin;
-    ``rollback_safe``: it also lists the vLLM the fleet runs now."""
+    ``rollback_safe``: it also lists the vLLM the fleet runs now; ``newer``: than the pin."""
 
     commit: str
     label: str
@@ -210,6 +210,7 @@ class GenesisChoice:
     rollback_safe: bool
     layout: str
     version: str | None = None
+    newer: bool = True
 
     def pin(self, repo: str) -> GenesisPin:
         return GenesisPin(repo, self.commit, layout=self.layout, version=self.version)
@@ -226,8 +227,11 @@ def choose_genesis(repo: GenesisRepo, pinned: str, version: str,
         checked.append(c)
         if c.tree.layout and c.tree.lists(version):  # no layout: no allowlist to list it
             safe = current_version is None or c.tree.lists(current_version)
+            # --genesis may name an older commit, or the pin may be gone from the repository
+            pinned_at = repo.git("log", "-1", "--format=%ct", pinned, check=False).stdout.strip()
+            newer = not pinned_at.isdigit() or c.date > int(pinned_at)
             return GenesisChoice(c.sha, c.label, c.sha != pinned, safe, c.tree.layout,
-                                 repo.version(c.sha))
+                                 repo.version(c.sha), newer)
     raise GenesisRefused(refusal(version, checked, explicit=explicit is not None))
 
 

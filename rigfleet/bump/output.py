@@ -75,7 +75,8 @@ def print_plan(plan: Plan, genesis: dict[str, GenesisChoice], probe: VersionProb
     for name, g in genesis.items():
         if g.proposed:
             also = "" if g.rollback_safe else ", but not the one running now"
-            console.print(f"Genesis for {name}: {g.label} (newer than the pin; it lists the "
+            than = "newer" if g.newer else "older"  # --genesis may name an older commit
+            console.print(f"Genesis for {name}: {g.label} ({than} than the pin; it lists the "
                           f"candidate's vLLM{also})")  # fmt: skip
     print_steps(plan, "rollout")
     for note in plan.notes:

@@ -34,6 +34,7 @@ PINNED_URL = "https://github.com/Sandermage/sndr_core_engine.git"
 CURRENT = "0.20.2rc1.dev9+g01d4d1ad3"
 DEV212 = "0.20.2rc1.dev212+g3f9c2a7e5"
 STACK = "tq3-mtp-genesis"
+GOOD_SHA = "01d4d1ad375dc5854779c593eee093bcebb0cada"
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +112,29 @@ def test_explicit_genesis_commit_is_checked_not_searched(fixture, repo) -> None:
         choose_genesis(repo, c["v7.72.2"], "0.21.1rc0", CURRENT, explicit="v12.0.0")
     with pytest.raises(GenesisError, match="no commit 'deadbeef'"):
         choose_genesis(repo, c["v7.72.2"], "0.21.0", CURRENT, explicit="deadbeef")
+
+
+def test_an_older_commit_given_with_genesis_is_not_called_newer(fixture, repo, capsys,
+                                                               tmp_path):
+    """``--genesis`` naming a commit older than the pin: the plan said "(newer than the pin;
+    it lists the candidate's vLLM)"."""
+    from bump_helpers import bumped, hosts, write_pins
+
+    from rigfleet.bump.images import VersionProbe
+    from rigfleet.bump.output import print_plan
+    from rigfleet.bump.plan import build_plan
+
+    c = fixture.commits
+    older = choose_genesis(repo, c["v12.1.0"], "0.21.0", CURRENT, explicit="v12.0.0")
+    assert older.commit == c["v12.0.0"] and older.proposed
+    pins = write_pins(tmp_path)
+    plan = build_plan(hosts("int8", "int8"), {}, pins, bumped(pins, GOOD_SHA))
+    print_plan(plan, {STACK: older}, VersionProbe("0.21.0", "pulled"))
+    err = " ".join(capsys.readouterr().err.split())
+    assert "newer than the pin" not in err and "older than the pin" in err
+    newer = choose_genesis(repo, c["v7.72.2"], "0.21.0", CURRENT, explicit="v12.0.0")
+    print_plan(plan, {STACK: newer}, VersionProbe("0.21.0", "pulled"))
+    assert "newer than the pin" in " ".join(capsys.readouterr().err.split())
 
 
 def test_unreachable_repository_is_an_error(tmp_path: Path) -> None:
