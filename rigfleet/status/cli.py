@@ -21,6 +21,7 @@ from rigfleet.status.rows import (
     EXIT_ERROR,
     EXIT_OK,
     EXIT_UNREACHABLE,
+    PINS_ERROR,
     StatusRow,
     exit_status,
     fleet_status,
@@ -198,7 +199,8 @@ def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> T
         for line in r.drift:  # an unreachable host has none
             table.note(r.host, Text(line, style="yellow"))
         if not r.reachable:
-            stack, pins, drift = Text("unreachable", style="red"), "-", Text("-")
+            said = "not probed" if (r.error or "").startswith(PINS_ERROR) else "unreachable"
+            stack, pins, drift = Text(said, style="red"), "-", Text("-")
         else:
             stack = Text(r.stack or "-")
             pins = "/".join(v.removeprefix("sha256:")[:7] if v else "-"

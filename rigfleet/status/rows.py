@@ -21,6 +21,7 @@ from rigfleet.ssh import HostUnreachable, Remote, SshRemote
 from rigfleet.status.drift import find_drift
 
 EXIT_OK, EXIT_DRIFT, EXIT_UNREACHABLE, EXIT_ERROR = 0, 1, 2, 3
+PINS_ERROR = "inventory/pins: "  # a row's error when the host was not asked: nothing to ask
 
 
 @dataclass
@@ -92,7 +93,7 @@ def host_status(host: InventoryHost, timeout: float = 20.0, pins_base: Path | No
         except BumpInFlight as e:  # mid-bump: old pins or candidate (the probe tells which)
             wants = build_desired(settings, e.old), build_desired(settings, e.new)
     except RigfleetError as e:
-        return StatusRow(host.name, reachable=False, error=f"inventory/pins: {e}")
+        return StatusRow(host.name, reachable=False, error=f"{PINS_ERROR}{e}")
     view = journal.host_view(host.name) if journal is not None else None
     try:
         probe = probe_for(remote or SshRemote(connect_timeout=timeout), host, wants[0],

@@ -631,6 +631,10 @@ def test_a_finished_or_stale_journal(inventory_host, tmp_path, want):
     rigfleet.desired._PINS.clear()
     row = status_of(inventory_host, tmp_path, facts_running(want))
     assert row.error is not None and "--abandon" in row.error and not row.ok
+    # The host was never asked (the pins say nothing it should run): not "unreachable", which
+    # every host of a fleet whose bump went stale showed.
+    line = next(x for x in _rendered([row], 200).splitlines() if x.split()[:1] == ["rig-a"])
+    assert "unreachable" not in line and "not probed" in line
 
 
 def test_the_supervisor_says_when_the_engine_is_dying_or_given_up():
