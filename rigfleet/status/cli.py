@@ -206,7 +206,7 @@ def render_table(rows: Sequence[StatusRow], title: str = "rigfleet status") -> T
             pins = "/".join(v.removeprefix("sha256:")[:7] if v else "-"
                             for v in (r.digest, r.genesis, r.model_revision))
             drift = (Text(str(len(r.drift)), style="yellow") if r.drift
-                     else Text("none", style="green"))
+                     else Text("-") if r.error else Text("none", style="green"))
         gate = "-" if r.gate is None else f"{r.gate} {_when(r.gate_time)}".strip()
         table.row(r.host, stack, pins, gate, tok_s(r.throughput), drift,
                   *([bump_cell(r.bump)] if mid_bump else []))

@@ -421,6 +421,14 @@ def test_render_table_shows_hosts_short_pins_drift_and_errors(want):
     assert "ssh refused" in text and "pass 11-29 10:00" in text and "unreachable" in text
 
 
+def test_a_host_not_deployed_yet_is_not_shown_without_drift():
+    """A reachable host with no host-side tool was never checked for drift, yet its drift
+    cell said "none" in green."""
+    row = StatusRow("rig-c", True, error="not deployed yet (no host-side tool): run the deploy")
+    line = next(x for x in _rendered([row], 200).splitlines() if x.split()[:1] == ["rig-c"])
+    assert "none" not in line
+
+
 def test_in_80_columns_and_a_pipe_each_host_is_one_line_and_no_word_is_cut(want):
     facts = converged_facts(want)
     facts["genesis"]["head"] = OTHER_COMMIT
