@@ -18,6 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -107,6 +108,9 @@ def read_version(remote: Remote, host: InventoryHost, candidate: Candidate, *, p
     if rc == 3:
         raise ImageError(f"{host.name}: cannot pull {candidate.ref}: {out.strip()[-500:]}")
     if rc != 0 or (values.get("source") != "unknown" and not values.get("version")):
+        if values.get("source") == "pulled":  # pulled for nothing: leave the host as found
+            with suppress(RigfleetError):  # the error to say is the one below
+                remove_image(remote, host, candidate, caches)
         raise ImageError(f"{host.name}: cannot read vllm.__version__ from {candidate.ref} "
                          f"(exit {rc}): {out.strip()[-500:]}")
     return VersionProbe(values.get("version") or None, values.get("source", "unknown"))

@@ -303,6 +303,28 @@ def test_unlisted_nightly_is_refused_before_any_host_changes(fleet, capsys) -> N
     assert any(c.startswith("docker image rm") for c in cmds)
 
 
+def test_a_candidate_that_cannot_say_its_version_is_removed_again(fleet, capsys,
+                                                                    monkeypatch) -> None:
+    """The canary pulled the candidate (tens of GB), its vllm import failed, the bump stopped:
+    the image stayed on the canary, though nothing will ever run it."""
+    remote = fleet["remote"]
+    answer = remote.run
+
+    def run(host: InventoryHost, command: str, **k: Any) -> tuple[int, str]:
+        if "vllm.__version__" in command:
+            remote.commands.append((host.name, command))
+            return 4, "source=pulled\nModuleNotFoundError: No module named 'vllm'\n"
+        return answer(host, command, **k)
+
+    monkeypatch.setattr(remote, "run", run)
+    rc = bump_cli.run(args_for(fleet, "--image", f"nightly-{NEWER}", "--stack",
+                               "tq3-mtp-genesis", "--yes"))  # fmt: skip
+    assert rc == 1 and "cannot read vllm.__version__" in capsys.readouterr().err
+    assert fleet["deployed"] == []
+    cmds = [c for h, c in remote.commands if h == "host1"]
+    assert any(c.startswith("docker image rm") for c in cmds)
+
+
 def test_dry_run_proposes_the_newer_genesis_and_changes_nothing(fleet, capsys) -> None:
     before = fleet["pins"].read_text()
     rc = bump_cli.run(args_for(fleet, "--image", f"nightly-{NEWER}", "--dry", "--stack",
