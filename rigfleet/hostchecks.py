@@ -151,10 +151,11 @@ class HostChecker(Problems):
             return None
         return value
 
-    def gpu_count(self, key: Key, value: Any) -> int:
-        """At least the stack's ``gpus.count`` (the catalog keeps tensor-parallel-size within)."""
+    def gpu_count(self, key: Key, value: Any) -> int | None:
+        """At least the stack's ``gpus.count`` (the catalog keeps tensor-parallel-size within);
+        None when not valid (the keys after it then check nothing against a count)."""
         if self.integer(key.name, value, 1, 16, key.allowed) is None:
-            return 2
+            return None
         stack = self.values.get("stack")
         if stack is not None and value < (spec := self.catalog.get(stack)).gpu_count:
             self.bad(key.name, value, f"at least {spec.gpu_count}",
@@ -166,12 +167,13 @@ class HostChecker(Problems):
         low, high = POWER_CAP_RANGE_W
         count = self.values["gpu_count"]
         allowed = (f"an integer number of watts ({low}..{high}; the card's own range is "
-                   f"checked at deploy time) or a list of {count}, one per card, e.g. [290, 290]")
+                   f"checked at deploy time) or a list{f' of {count}' if count else ''}, one "
+                   "per card, e.g. [290, 290]")
         if value is None:
             return ()
         if is_int(value):
-            caps = [value] * count
-        elif isinstance(value, list | tuple) and len(value) == count:
+            caps = [value] * (count or 1)
+        elif isinstance(value, list | tuple) and count in (None, len(value)):
             caps = list(value)
         else:
             what = (f"has {len(value)} cap(s) but gpu_count is {count}"
@@ -395,7 +397,7 @@ class HostChecker(Problems):
         for i, name in enumerate(value):
             if not isinstance(name, str) or name not in self.catalog:
                 self.bad(f"stacks[{i}]", name, allowed, "is not a stack in the catalog")
-            elif (needs := self.catalog.get(name).gpu_count) > count:
+            elif count is not None and (needs := self.catalog.get(name).gpu_count) > count:
                 self.bad(f"stacks[{i}]", name, f"stacks that run on {count} GPU(s)",
                          f"needs {needs} GPUs (gpu_count is {count})")
             elif name not in out:

@@ -776,3 +776,15 @@ def test_check_and_deploy_read_api_keys_by_one_rule(
     except PreflightError:
         read = False
     assert checked == read, content
+
+
+@pytest.mark.parametrize("stacks", [None, ["tq3-mtp-genesis"]])
+def test_an_invalid_gpu_count_is_the_only_message(data: dict[str, Any], stacks: Any) -> None:
+    # gpu_count '4' (a string, as --data gives it) was read as 2 by the keys after it:
+    # "power_caps_w: [...] has 4 cap(s) but gpu_count is 2", a count the data does not say
+    data.update(gpu_count="4", power_caps_w=[290, 290, 290, 290], stacks=stacks)
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    assert err.value.problems == ["rig-a: gpu_count: '4' is not valid; allowed: an integer "
+                                  "1..16 (the host's number of GPUs)"]
+
