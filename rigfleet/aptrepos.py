@@ -204,11 +204,17 @@ def _templated_url(p: Problems, key: str, value: Any) -> str | None:
 def _placeholders(p: Problems, key: str, value: str) -> bool:
     allowed = ", ".join(f"{{{k}}} ({v})" for k, v in APT_PLACEHOLDERS.items())
     try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
+        fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(value)
+                  if f is not None]
     except ValueError:
         p.bad(key, value, f"placeholders {allowed}", "has unbalanced braces")
         return False
-    if unknown := [f for f in fields if f not in APT_PLACEHOLDERS]:
+    if unknown := [f for f, _, _ in fields if f not in APT_PLACEHOLDERS]:
         p.bad(key, value, f"placeholders {allowed}", f"uses unknown {{{unknown[0]}}}")
+        return False
+    # str.format would apply (or raise on) a conversion or format spec: {distro!z}, {id:d}
+    if odd := [f"{{{f}{'!' + conv if conv else ''}{':' + spec if spec else ''}}}"
+               for f, spec, conv in fields if spec or conv]:
+        p.bad(key, value, f"placeholders {allowed}", f"uses {odd[0]}, which is none of them")
         return False
     return True

@@ -788,3 +788,14 @@ def test_an_invalid_gpu_count_is_the_only_message(data: dict[str, Any], stacks: 
     assert err.value.problems == ["rig-a: gpu_count: '4' is not valid; allowed: an integer "
                                   "1..16 (the host's number of GPUs)"]
 
+
+@pytest.mark.parametrize("url", ["https://x/{distro!z}/", "https://x/{id:d}/"])
+def test_an_apt_url_placeholder_with_a_conversion_or_format_is_refused_by_name(
+    data: dict[str, Any], url: str
+) -> None:
+    # str.format raised ValueError ("Unknown conversion specifier z"), naming no host or key
+    data["apt_repos"]["cuda"]["url"] = url
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    assert str(err.value).startswith(f"rig-a: apt_repos.cuda.url: {url!r} uses ")
+    assert "allowed: placeholders {id} (" in str(err.value)
