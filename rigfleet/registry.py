@@ -198,7 +198,12 @@ class Registry:
         path: str | None = f"/v2/{repo}/tags/list?n=1000"
         found: list[str] = []
         what = f"{repo} (tag list)"
+        read: set[str] = set()
         while path:
+            if path in read:  # a Link back to a page read: it would never end
+                raise self._fail(what, f"the next page of the tag list ({path[:120]}) was read "
+                                 "already; allowed: a registry whose tag list pages end")
+            read.add(path)
             headers, body = self._request("GET", path, repo, what)
             try:
                 doc = json.loads(body or b"{}")

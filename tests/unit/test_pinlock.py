@@ -272,6 +272,37 @@ def test_a_tag_list_follows_relative_and_absolute_next_links_on_its_host() -> No
         server.shutdown()
 
 
+def test_a_tag_list_whose_next_link_comes_back_is_refused_not_read_forever() -> None:
+    # A registry (or a proxy before it) whose Link header names a page already read: tags()
+    # asked for it again and again, for ever (here the server gives up after 20 asks)
+    asked: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            body = json.dumps({"name": REPO, "tags": ["a"]}).encode()
+            self.send_response(200 if len(asked) < 20 else 500)
+            self.send_header("Link", f'</v2/{REPO}/tags/list?last=a>; rel="next"')
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        with pytest.raises(RegistryError, match=rf"^registry {url}: {REPO} \(tag list\): the "
+                           rf"next page of the tag list \(/v2/{REPO}/tags/list\?last=a\) was "
+                           "read already"):
+            Registry(url).tags(REPO)
+        assert len(asked) == 2
+    finally:
+        server.shutdown()
+
+
 def test_image_names() -> None:
     assert registry_of("vllm/vllm-openai") == (None, "vllm/vllm-openai")
     assert registry_of("docker.io/vllm/vllm-openai") == (None, "vllm/vllm-openai")
