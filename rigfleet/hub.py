@@ -45,17 +45,24 @@ class Hub:
 
     @cached_property
     def api(self) -> HfApi:
+        from rigfleet.hostchecks import TOKEN_ALLOWED, TOKEN_CHARS
+
         token = ""  # never printed
         if self.token_file:
             try:
-                token = Path(self.token_file).expanduser().read_text(encoding="utf-8")
+                raw = Path(self.token_file).expanduser().read_bytes()
             except OSError as e:
                 raise HubError(f"hf_token_file: {self.token_file!r} cannot be read "
                                f"({e.strerror})") from None
+            token = raw.decode("utf-8", "replace").strip()
+            if token and not TOKEN_CHARS.fullmatch(token):
+                # An HTTP client refusing the header would show it in its error.
+                raise HubError(f"hf_token_file: {self.token_file!r} is not one token (content "
+                               f"not shown); allowed: one line of {TOKEN_ALLOWED}")
         from huggingface_hub import HfApi  # a third of a second: only when asked
 
         # token=False: no token at all (not the one huggingface_hub would find in ~/.cache)
-        return HfApi(endpoint=self.where, token=token.strip() or False)
+        return HfApi(endpoint=self.where, token=token or False)
 
     def revision(self, repo: str, ref: str = "main") -> str:
         """The full commit ``ref`` (a branch, tag or commit) of model ``repo`` is."""

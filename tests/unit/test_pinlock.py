@@ -396,6 +396,29 @@ def test_a_gated_model_needs_the_token_file_and_the_token_is_never_shown(registr
     assert HF_TOKEN not in path.read_text() and HF_TOKEN not in " ".join(changes)
 
 
+
+@pytest.mark.parametrize("content", [HF_TOKEN + "\n" + HF_TOKEN + "2\n",
+                                     b"\xff" + HF_TOKEN.encode(), HF_TOKEN + " x"])
+def test_a_token_file_that_is_not_one_token_is_refused_by_name_never_shown(
+        registry, tmp_path, content) -> None:
+    # Two lines: the HTTP client refused the header and its error, the token in it, became
+    # the lock's message ("Illegal header value b'Bearer hf_...'"); not UTF-8: a bare
+    # "'utf-8' codec can't decode byte 0xff" naming no file
+    url, store = registry
+    store.gated = True
+    path = tmp_path / "gated.yaml"
+    path.write_text(pins_file(tmp_path).read_text().replace('revision: "' + "a" * 40 + '"',
+                                                            "revision: unresolved"))
+    token = tmp_path / "hf-token"
+    token.write_bytes(content if isinstance(content, bytes) else content.encode())
+    token.chmod(0o600)
+    with pytest.raises(LockError) as e:
+        lock(path, url, url, token_file=str(token))
+    assert f"hf_token_file: {str(token)!r}" in str(e.value)
+    assert "one line of letters, digits and -._~+/=" in str(e.value)
+    assert HF_TOKEN not in str(e.value)
+
+
 def test_lock_saves_nothing_when_the_checks_find_a_thing_missing(registry, tmp_path) -> None:
     url, _ = registry
     path = pins_file(tmp_path)
