@@ -317,9 +317,9 @@ class _Checker(Problems):
             branch = str(branch)  # `branch: 580` unquoted in YAML means the same thing
         branch = self.string("driver.branch", branch, _DRIVER_BRANCH)
         version = d.get("version")
-        if version is None:
-            return branch, None
         text = allowed("driver.version").replace("<branch>", branch or "<branch>")
+        if version is None or self.unquoted("driver.version", version, text):
+            return branch, None
         if not isinstance(version, str) or not _DRIVER_VERSION.fullmatch(version):
             self.bad("driver.version", version, text)
         elif branch and version.split(".")[0] != branch:
@@ -329,8 +329,18 @@ class _Checker(Problems):
         return branch, None
 
     def versioned(self, key: str, value: Any, pattern: re.Pattern[str]) -> str | None:
-        d = self.mapping(key, value)
-        return None if d is None else self.string(f"{key}.version", d.get("version"), pattern)
+        if (d := self.mapping(key, value)) is None or self.unquoted(
+                f"{key}.version", d.get("version"), self.allowed(f"{key}.version") or ""):
+            return None
+        return self.string(f"{key}.version", d.get("version"), pattern)
+
+    def unquoted(self, key: str, value: Any, allowed: str) -> bool:
+        """A version YAML read as a number (recorded): which one was meant is lost."""
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            return False
+        self.bad(key, value, allowed + ", quoted",
+                 "is an unquoted number (YAML reads 440.100 as 440.1)")
+        return True
 
     def models(self, one: Any, more: Any) -> tuple[ModelPin | None, dict[str, ModelPin]]:
         """(the default model, the ``models`` section)."""

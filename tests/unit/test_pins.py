@@ -266,6 +266,28 @@ def test_bad_pins_are_refused_with_a_precise_message(
         assert part in msg, f"{part!r} not in {msg!r}"
 
 
+@pytest.mark.parametrize(("key", "text", "shown"), [
+    ("driver", "{branch: '440', version: 440.100}", "440.1"),
+    ("huggingface_hub", "{version: 1.0}", "1.0"),
+    ("container_toolkit", "{version: 1.17}", "1.17"),
+])
+def test_an_unquoted_version_yaml_reads_as_a_number_is_named_as_such(
+        tmp_path: Path, key: str, text: str, shown: str) -> None:
+    # YAML reads 440.100 as the number 440.1: the message said "440.1 is not valid; allowed:
+    # a full driver version ..., e.g. '580.105.08'", as if the version written were wrong
+    path = write(tmp_path, good())
+    lines = path.read_text().splitlines()
+    start = lines.index(f"{key}:")
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith(" "))
+    path.write_text("\n".join([*lines[:start], f"{key}: {text}", *lines[end:]]) + "\n")
+    with pytest.raises(PinsError) as err:
+        load_pins(path)
+    assert err.value.problems[0].startswith(
+        f"{path}: {key}.version: {shown} is an unquoted number (YAML reads 440.100 as 440.1); "
+        "allowed: ")
+    assert err.value.problems[0].endswith(", quoted")
+
+
 def test_release_tag_must_match_version() -> None:
     data = good()
     data["stacks"]["int8"]["image"] = "vllm/vllm-openai:v0.20.1"
