@@ -307,14 +307,16 @@ class YamlError(RigfleetError, ValueError):
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping."""
+    """SafeLoader that refuses a key given twice in one mapping (a key beside a ``<<`` merge
+    overrides the merged one, as YAML says)."""
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode,
                        deep: bool = False) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
         if not isinstance(key := loader.construct_object(key_node, deep=deep), Hashable):
             continue  # SafeLoader reports unhashable keys itself
         if key in seen:
@@ -323,6 +325,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode,
                 f"found duplicate key {key!r} (first at line {seen[key] + 1}); a YAML mapping "
                 "keeps only the last value, so remove one", key_node.start_mark)
         seen[key] = key_node.start_mark.line
+    loader.flatten_mapping(node)
     return loader.construct_mapping(node, deep=deep)
 
 

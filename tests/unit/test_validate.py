@@ -121,6 +121,19 @@ def test_a_nested_duplicate_key_is_found(tmp_path: Path) -> None:
         parse_yaml("stacks:\n  int8:\n    digest: a\n    digest: b\n", "x.yaml")
 
 
+
+def test_a_key_given_beside_a_merge_overrides_it_as_yaml_says() -> None:
+    # The merged keys were counted as the mapping's own: '<<: *int8' then 'digest: b' was
+    # refused as "duplicate key 'digest' (first at line 3); a YAML mapping keeps only the
+    # last value", though YAML lets the key beside the merge win
+    text = ("stacks:\n  int8: &int8\n    digest: a\n    image: i\n  turbo:\n    <<: *int8\n"
+            "    digest: b\n")
+    assert parse_yaml(text, "x.yaml") == {"stacks": {"int8": {"digest": "a", "image": "i"},
+                                                     "turbo": {"digest": "b", "image": "i"}}}
+    with pytest.raises(YamlError, match=r"x\.yaml: line 8: .*duplicate key 'digest' \(first "
+                                        r"at line 7\)"):
+        parse_yaml(text + "    digest: c\n", "x.yaml")
+
 def test_a_non_utf8_file_names_the_line_and_byte(tmp_path: Path) -> None:
     f = tmp_path / "int8.yaml"
     f.write_bytes("name: int8\nsummary: caf\u00e9\n".encode("latin-1"))
