@@ -36,6 +36,8 @@ from rigfleet.keytable import KeyTable
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 _PRINTABLE = "printable text (no line breaks, escapes or other control characters)"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The words YAML 1.1 (PyYAML) reads as booleans, unquoted, in any of its cases.
+_YAML_BOOLS = {True: ("on", "yes", "true"), False: ("off", "no", "false")}
 GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
 
 # Directories a path from the inventory must never be (the deploy would own or chmod them).
@@ -180,10 +182,14 @@ class Problems:
 
     def unknown_key(self, key: str, name: Any, allowed: list[str],
                     what: str = "is an unknown key") -> None:
-        """``name`` is not one of ``allowed``: ``what``, with a typo's likely fix."""
-        close = difflib.get_close_matches(str(name), allowed, n=1, cutoff=0.8)
-        self.bad(key, name, ", ".join(allowed), f"{what} (did you mean {close[0]!r}?)"
-                 if close else what)
+        """``name`` is not one of ``allowed``: ``what``, with a typo's likely fix (or the word
+        YAML read as a boolean: an unquoted ``on`` is true)."""
+        words = _YAML_BOOLS.get(name) if isinstance(name, bool) else None
+        if word := next((w for w in allowed if words and w.lower() in words), None):
+            what += f" (YAML reads an unquoted {word} as {str(name).lower()}: write \"{word}\")"
+        elif close := difflib.get_close_matches(str(name), allowed, n=1, cutoff=0.8):
+            what += f" (did you mean {close[0]!r}?)"
+        self.bad(key, name, ", ".join(allowed), what)
 
     def absent(self, key: str, value: Any, allowed: str, required: bool) -> bool:
         """``value`` is None (recorded as missing when ``required``)."""

@@ -202,6 +202,23 @@ def test_duplicate_keys_and_other_encodings_are_refused_with_the_line(tmp_path):
         load_stack_file(path)
 
 
+
+def test_an_unquoted_on_or_off_key_is_named_as_yamls_boolean(tmp_path):
+    # YAML reads an unquoted on: as the key True: "genesis.switches.v7.True: True is an
+    # unknown key; allowed: on, off", naming a key the file does not spell and refusing 'on'
+    text = (BUILTIN_DIR / "tq3-mtp-genesis.yaml").read_text()
+    assert '"on": [P58' in text and '"off": [P78' in text
+    path = tmp_path / "tq3-mtp-genesis.yaml"
+    path.write_text(text.replace('"on": [P58', "on: [P58", 1).replace('"off": [P78', "Off: [P78"))
+    with pytest.raises(CatalogError) as err:
+        load_stack_file(path)
+    assert err.value.problems == [
+        f"{path}: genesis.switches.v7.True: True is an unknown key (YAML reads an unquoted on "
+        "as true: write \"on\"); allowed: on, off",
+        f"{path}: genesis.switches.v7.False: False is an unknown key (YAML reads an unquoted "
+        "off as false: write \"off\"); allowed: on, off"]
+
+
 def test_a_users_stack_directory_extends_the_catalog(tmp_path):
     data = builtin("int8")
     data.update(name="int8-local", port=8031, summary="my copy of int8")
