@@ -8,6 +8,7 @@ in ``rigfleet/stacks/``, a user's in host data ``stacks_dir``; keys: docs/stacks
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -601,7 +602,7 @@ def _load(dirs: tuple[str, ...], fingerprint: tuple[tuple[str, int, int], ...]) 
 
 def load_catalog(extra_dirs: Iterable[str | Path] = ()) -> Catalog:
     """The built-in stacks plus those in ``extra_dirs`` (host data ``stacks_dir``)."""
-    dirs = (str(BUILTIN_DIR), *(str(Path(d).expanduser().absolute()) for d in extra_dirs))
+    dirs = (str(BUILTIN_DIR), *(str(Path(os.path.expanduser(d)).absolute()) for d in extra_dirs))
     # Read again when a file changed (a long-running process, the tests).
     files = [path for d in map(Path, dirs) if d.is_dir() for path in _stack_files(d)]
     return _load(dirs, tuple((str(f), (st := f.stat()).st_mtime_ns, st.st_size) for f in files))

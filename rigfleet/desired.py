@@ -8,6 +8,7 @@ stacks: what the roles stage, and what status, check and bump compare the host a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,7 +222,7 @@ def build_desired(settings: HostSettings, pins: Pins) -> DesiredHost:
 
 def resolve_pins_path(pins_file: str, base: Path | None = None) -> Path:
     """Host data's pins file, relative to ``base`` (default: the working dir, else the repo)."""
-    path = Path(pins_file).expanduser()  # an absolute one: every join below gives it back
+    path = Path(os.path.expanduser(pins_file))  # absolute: every join below gives it back
     if base is not None:
         return base / path
     cwd = Path.cwd() / path

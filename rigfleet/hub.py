@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -50,7 +51,7 @@ class Hub:
         token = ""  # never printed
         if self.token_file:
             try:
-                raw = Path(self.token_file).expanduser().read_bytes()
+                raw = Path(os.path.expanduser(self.token_file)).read_bytes()
             except OSError as e:
                 raise HubError(f"hf_token_file: {self.token_file!r} cannot be read "
                                f"({e.strerror})") from None

@@ -364,6 +364,21 @@ def test_offline_lists_every_problem_at_once(tmp_path) -> None:
     assert len([p for p in problems if "stacks.int8.digest" in p]) == 1  # once, not per host
 
 
+
+def test_a_home_of_no_such_user_is_a_problem_of_its_key_not_the_end_of_the_check(
+        tmp_path) -> None:
+    # Path.expanduser raised RuntimeError ("Could not determine home directory.") for
+    # '~<no such user>/...': rigfleet check stopped at it, naming neither host nor key
+    good = fleet_data(tmp_path, stack="int8")
+    hosts = [InventoryHost("rig-a", ("gpu_hosts",), {
+        **good, "stacks_dir": "~no-such-user-rf/stacks", "pins_file": "~no-such-user-rf/p.yaml"})]
+    problems = offline(hosts).problems
+    assert problems[0] == ("rig-a: stacks_dir: '~no-such-user-rf/stacks' is not a directory; "
+                           "allowed: a directory of stack files on this (control) machine, e.g. "
+                           "'inventory/stacks'")
+    assert "~no-such-user-rf/p.yaml: no such file (the pins file)" in problems[1]
+
+
 def test_a_clean_inventory_has_no_problem(tmp_path) -> None:
     pins = tmp_path / "pins.yaml"
     pins.write_text(pins_text('int8: {image: "vllm/vllm-openai:v0.27.1", digest: "sha256:'

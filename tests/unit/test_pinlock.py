@@ -465,3 +465,12 @@ def test_the_same_path_and_tag_on_two_registries_are_two_lookups(monkeypatch) ->
     assert pins[0].digest == _digest(f"{DOCKER_HUB}/{REPO}:v0.27.1".encode())
     assert pins[1].digest == _digest(f"https://ghcr.io/{REPO}:v0.27.1".encode())
     assert pins[0].image_id != pins[1].image_id and not r.problems
+
+
+def test_a_token_file_in_the_home_of_no_such_user_cannot_be_read_by_name() -> None:
+    # Path.expanduser raised RuntimeError ("Could not determine home directory.")
+    from rigfleet.hub import Hub, HubError
+
+    with pytest.raises(HubError, match=r"^hf_token_file: '~no-such-user-rf/tok' cannot be read "
+                                       r"\(No such file or directory\)$"):
+        Hub("http://hub.invalid", "~no-such-user-rf/tok").revision("a/b")
