@@ -327,7 +327,7 @@ def validate_host(name: str, data: Mapping[str, Any] | Any) -> HostSettings:
     c = HostChecker(name)
     v = c.check_keys(data, "gpu", KEYS)
     tls = check_tls(c, v, "front", "front_url")
-    if v["peer_port"] == v["front_port"]:
+    if v["peer_port"] is not None and v["peer_port"] == v["front_port"]:
         c.bad("peer_port", v["peer_port"], "a port other than front_port",
               "is this host's front_port too")
     return _settings(c, HostSettings, "", name=name, swap=_settings(c, SwapSettings, ""),

@@ -799,3 +799,15 @@ def test_an_apt_url_placeholder_with_a_conversion_or_format_is_refused_by_name(
         validate_host("rig-a", data)
     assert str(err.value).startswith(f"rig-a: apt_repos.cuda.url: {url!r} uses ")
     assert "allowed: placeholders {id} (" in str(err.value)
+
+
+def test_an_invalid_peer_port_beside_a_missing_front_port_is_not_called_the_same_port(
+        data: dict[str, Any]) -> None:
+    # both unusable (None): "peer_port: None is this host's front_port too"
+    del data["front_port"]
+    data["peer_port"] = "8082"
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    assert [line.partition(":")[2].partition(":")[0] for line in err.value.problems] == [
+        " front_port", " peer_port"]
+    assert "front_port too" not in str(err.value)
