@@ -217,9 +217,9 @@ class HostChecker(Problems):
         return None
 
     def front_port(self, key: Key, value: Any) -> int | None:
+        """A port of the host's own (``front_port``, ``peer_port``): no stack's loopback port."""
         taken = self.catalog.ports()
-        allowed = "a TCP port 1..65535 other than the stacks' loopback ports " + ", ".join(
-            f"{p} ({n})" for p, n in taken.items())
+        allowed = f"{key.allowed} " + ", ".join(f"{p} ({n})" for p, n in taken.items())
         port = self.integer(key.name, value, 1, 65535, allowed, required=False)
         if port in taken:
             self.bad(key.name, value, allowed, f"is stack {taken[port]}'s loopback port")

@@ -209,7 +209,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("cache_address", _host, None, _HOST_TEXT, "where the fleet's hosts reach the cache over "
         "the LAN", on="cache", group="Cache",
         shown_default="ssh_hostname, else the inventory name"),
-    Key("peer_port", _port, 8082, _PORT + " other than front_port", "with no fleet cache: where "
+    Key("peer_port", _C.front_port, 8082, _PORT + " other than front_port and the stacks' "
+        "loopback ports", "with no fleet cache: where "
         "this host serves its verified weights and pinned images to the fleet's other GPU hosts "
         "during their converge (reached at balancer_front_address's host, else ssh_hostname)",
         group="Cache"),

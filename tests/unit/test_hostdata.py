@@ -811,3 +811,14 @@ def test_an_invalid_peer_port_beside_a_missing_front_port_is_not_called_the_same
     assert [line.partition(":")[2].partition(":")[0] for line in err.value.problems] == [
         " front_port", " peer_port"]
     assert "front_port too" not in str(err.value)
+
+
+def test_a_peer_port_that_is_a_stacks_loopback_port_is_refused(data: dict[str, Any]) -> None:
+    # The peer server listens on every address: on 8011 it and int8's container (127.0.0.1:8011)
+    # cannot both bind, and its start-up probe of 127.0.0.1:8011 would take vLLM for it
+    data["peer_port"] = 8011
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    assert str(err.value).startswith(
+        "rig-a: peer_port: 8011 is stack int8's loopback port; allowed: a TCP port 1..65535 "
+        "other than front_port and the stacks' loopback ports 8011 (int8), ")
