@@ -349,9 +349,14 @@ def validate_balancer(name: str, data: Mapping[str, Any] | Any, *,
     c = HostChecker(name)
     v = c.check_keys(data, "balancer", KEYS)
     port, front_port = v["balancer_port"], data.get("front_port", None)
+    stacks = c.catalog.ports()  # a host that serves too: its stacks' loopback ports
     if gpu_host and port is not None and port == front_port:
         c.bad("balancer_port", port, f"a port other than front_port {front_port}",
               "is this host's front_port too (the host serves and balances)")
+    elif gpu_host and port in stacks:
+        c.bad("balancer_port", port, "a port other than the stacks' loopback ports " + ", ".join(
+            f"{p} ({n})" for p, n in stacks.items()), f"is stack {stacks[port]}'s loopback "
+            "port (the host serves and balances)")
     tls = check_tls(c, v, "balancer", "balancer_url")
     return _settings(c, BalancerSettings, "balancer_", name=name, tls=tls, catalog=c.catalog)
 

@@ -23,6 +23,7 @@ from rigfleet.balancer.haproxy import (
 )
 from rigfleet.balancer.plan import BalancerError, front_target, plan_balancer
 from rigfleet.balancer.status import rotation
+from rigfleet.catalog import builtin_catalog
 from rigfleet.hostdata import HostDataError, validate_balancer, validate_host
 from rigfleet.inventory import InventoryHost, balancers, gpu_hosts, host_kind
 
@@ -85,6 +86,19 @@ def test_a_host_that_serves_and_balances_needs_two_ports(tmp_path):
     validate_balancer("rig-a", data)  # alone it is fine
     with pytest.raises(HostDataError, match="rig-a: balancer_port: 8080 is this host's "
                        "front_port too .*; allowed: a port other than front_port 8080"):
+        validate_balancer("rig-a", data, gpu_host=True)
+
+
+
+def test_a_host_that_serves_and_balances_keeps_the_stacks_loopback_ports(tmp_path):
+    # HAProxy listens on every address: on a stack's loopback port it and that stack's
+    # container (127.0.0.1) cannot both bind; the port was accepted
+    port = builtin_catalog().get("int8").port
+    data = {"api_key_file": str(key_file(tmp_path)), "front_port": 8000, "balancer_port": port}
+    validate_balancer("rig-a", data)  # a balancer that serves nothing may use it
+    with pytest.raises(HostDataError, match=f"^rig-a: balancer_port: {port} is stack int8's "
+                       "loopback port .*; allowed: a port other than the stacks' loopback ports "
+                       f"{port} \\(int8\\)"):
         validate_balancer("rig-a", data, gpu_host=True)
 
 
