@@ -82,7 +82,7 @@ class Checked:
 def offline(hosts: Sequence[Any]) -> Checked:
     """Every problem of the hosts, their pins files and stack files, listed at once."""
     out = Checked()
-    pins_by_file: dict[str, Pins | None] = {}
+    pins_by_file: dict[tuple[str, object], Pins | None] = {}  # per catalog, as the deploy reads
     for h in hosts:
         for wanted, check in (
                 (h.kind.balancer, partial(validate_balancer, h.name, h.data, gpu_host=h.kind.gpu)),
@@ -98,9 +98,10 @@ def offline(hosts: Sequence[Any]) -> Checked:
             out.add(e.problems)
         raw = h.data.get("pins_file") or "pins.yaml"
         path = str(resolve_pins_path(settings.pins_file if settings else str(raw)).absolute())
-        if path not in pins_by_file:
-            pins_by_file[path] = _pins(path, settings, h.data, out)
-        if (pins := pins_by_file[path]) is None or settings is None:
+        key = (path, settings.catalog.sources if settings else str(h.data.get("stacks_dir")))
+        if key not in pins_by_file:
+            pins_by_file[key] = _pins(path, settings, h.data, out)
+        if (pins := pins_by_file[key]) is None or settings is None:
             continue
         mine = pins.for_host(h.name)
         out.add(dict.fromkeys(_agree(settings, mine)))

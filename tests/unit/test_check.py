@@ -29,6 +29,7 @@ from rigfleet.aptindex import (
     read_index,
     split_clearsigned,
 )
+from rigfleet.catalog import BUILTIN_DIR
 from rigfleet.check import (
     CHANGED,
     FOUND,
@@ -377,6 +378,27 @@ def test_a_home_of_no_such_user_is_a_problem_of_its_key_not_the_end_of_the_check
                            "allowed: a directory of stack files on this (control) machine, e.g. "
                            "'inventory/stacks'")
     assert "~no-such-user-rf/p.yaml: no such file (the pins file)" in problems[1]
+
+
+
+def test_hosts_sharing_a_pins_file_each_read_it_with_their_own_stacks(tmp_path) -> None:
+    # The pins file was read once, with the first host's catalog: rig-b (no stacks_dir) came
+    # out clean although its deploy refuses the pins of a stack only rig-a's stacks_dir has
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    text = (BUILTIN_DIR / "int8.yaml").read_text().replace("name: int8", "name: mine")
+    (stacks / "mine.yaml").write_text(text.replace("port: 8011", "port: 8099"))
+    pins = tmp_path / "pins.yaml"
+    pins.write_text(pins_text("\n".join(
+        f'{n}: {{image: "vllm/vllm-openai:v0.27.1", digest: "sha256:{"1" * 64}", '
+        'vllm_version: 0.27.1}' for n in ("int8", "mine")) + "\n"))
+    data = fleet_data(tmp_path, stack="int8", pins_file=str(pins))
+    hosts = [InventoryHost("rig-a", ("gpu_hosts",), {**data, "stacks_dir": str(stacks)}),
+             InventoryHost("rig-b", ("gpu_hosts",), data)]
+    assert offline(hosts[:1]).problems == []
+    assert offline(hosts).problems == offline(hosts[::-1]).problems == [
+        f"{pins}: stacks.mine: 'mine' is not a stack in the catalog; allowed: int8, "
+        "single-fp8-mtp, tq3-mtp-genesis, tq3-nomtp, turbo"]
 
 
 def test_a_clean_inventory_has_no_problem(tmp_path) -> None:
