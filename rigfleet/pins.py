@@ -125,6 +125,8 @@ class Pins:
     hosts: dict[str, dict[str, StackPins]] = field(default_factory=dict)
     # The ``models`` section, by repo (``model`` is the default: its own entry, or the first).
     models: dict[str, ModelPin] = field(default_factory=dict)
+    # The stacks the file was checked against (None: the built-in ones); ``save_pins`` too.
+    catalog: Catalog | None = field(default=None, compare=False, repr=False)
 
     @property
     def all_models(self) -> dict[str, ModelPin]:
@@ -244,7 +246,8 @@ def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None) -> Pins:
     if history_entry is not None:
         history.append({**history_entry, "serial": pins.serial + 1})
     new = replace(pins, serial=pins.serial + 1, history=history)
-    parse_pins(parse_yaml(dump_pins(new), str(path)), str(path), allow_unresolved=True)
+    parse_pins(parse_yaml(dump_pins(new), str(path)), str(path), allow_unresolved=True,
+               catalog=pins.catalog)
     write_keeping_mode(path, dump_pins(new))
     return new
 
@@ -306,7 +309,8 @@ class _Checker(Problems):
         assert serial and driver_branch and toolkit and hf_hub and model and stacks is not None
         return Pins(path=self.where, serial=serial, driver_branch=driver_branch,
                     driver_version=driver_version, toolkit_version=toolkit, hf_hub_version=hf_hub,
-                    model=model, stacks=stacks, history=history, hosts=hosts, models=models)
+                    model=model, stacks=stacks, history=history, hosts=hosts, models=models,
+                    catalog=self.catalog)
 
     def driver(self, value: Any) -> tuple[str | None, str | None]:
         d = self.mapping("driver", value)

@@ -370,6 +370,25 @@ def test_save_pins_atomic_serial_history_roundtrip(tmp_path: Path) -> None:
     assert again.serial == 5 and again.history == saved.history
 
 
+
+def test_pins_of_a_users_stack_are_saved_with_the_catalog_they_were_read_with(
+        tmp_path: Path) -> None:
+    # save_pins checked what it writes against the built-in stacks only: a bump of a fleet
+    # serving a stack of its stacks_dir was "not saved" ('mine' is not a stack in the catalog)
+    from rigfleet.catalog import BUILTIN_DIR, load_catalog
+
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    text = (BUILTIN_DIR / "int8.yaml").read_text().replace("name: int8", "name: mine")
+    (stacks / "mine.yaml").write_text(text.replace("port: 8011", "port: 8099"))
+    data = good()
+    data["stacks"]["mine"] = dict(data["stacks"]["int8"])
+    path = write(tmp_path, data)
+    pins = load_pins(path, catalog=load_catalog([stacks]))
+    saved = save_pins(pins, {"action": "bump"})
+    assert saved.serial == 4 and "mine" in load_pins(path, catalog=load_catalog([stacks])).stacks
+
+
 def test_save_pins_refuses_invalid_content(tmp_path: Path) -> None:
     from dataclasses import replace
 
