@@ -33,6 +33,7 @@ from rigfleet.tables import Table, show
 
 
 def cmd_pins(args: argparse.Namespace) -> int:
+    from rigfleet.catalog import load_catalog
     from rigfleet.check import online_pass, verify_pins
     from rigfleet.pinlock import lock
     from rigfleet.pins import Pins
@@ -52,9 +53,11 @@ def cmd_pins(args: argparse.Namespace) -> int:
             log(f"warning: {line}")
         return refusals
 
+    dirs = dict.fromkeys(str(h.data["stacks_dir"]) for h in hosts if h.data.get("stacks_dir"))
     changes = lock(args.pins, registry_url=args.registry, hub_url=args.hub,
                    refresh=args.refresh, genesis_url=args.genesis_url,
-                   token_file=token_file, verify=verify if args.inventory else None)
+                   token_file=token_file, verify=verify if args.inventory else None,
+                   catalog=load_catalog(dirs))
     show(args.json, {"pins": args.pins, "changes": changes or []})
     if not args.json:
         for line in changes or ["pins already locked; nothing to do"]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rigfleet.bump.genesis import lock_genesis
 from rigfleet.bump.journal import load_journal
+from rigfleet.catalog import Catalog
 from rigfleet.hub import Hub, HubError
 from rigfleet.pins import UNRESOLVED, Pins, PinsError, StackPins, load_pins, save_pins
 from rigfleet.registry import DOCKER_HUB, Registry, RegistryError, RegistryNotFound, registry_of
@@ -119,10 +120,12 @@ def changes(old: Pins, new: Pins) -> list[str]:
 
 def lock(path: str | Path, registry_url: str, hub_url: str, refresh: bool = False,
          genesis_url: str | None = None, token_file: str | None = None,
-         verify: Callable[[Pins], list[str]] | None = None) -> list[str]:
-    """Resolve and save (``verify``'s refusals stop it); one line per change."""
-    pins = load_pins(path, allow_unresolved=True)
-    journal = load_journal(pins)
+         verify: Callable[[Pins], list[str]] | None = None,
+         catalog: Catalog | None = None) -> list[str]:
+    """Resolve and save (``verify``'s refusals stop it); one line per change. ``catalog``: the
+    stacks the pins may name (the inventory's ``stacks_dir``; None: the built-in ones)."""
+    pins = load_pins(path, allow_unresolved=True, catalog=catalog)
+    journal = load_journal(pins, catalog)
     if journal is not None and journal.state == "open":  # saving would make it stale
         raise PinsError(
             f"{pins.path}: bump {journal.id} (started {journal.started} by {journal.by}) is "
@@ -130,7 +133,7 @@ def lock(path: str | Path, registry_url: str, hub_url: str, refresh: bool = Fals
             "abandon it (`rigfleet bump --abandon`), then lock the pins")
     new = resolve(pins, Registry(registry_url), hub_url, refresh=refresh,
                   token_file=token_file)
-    new, genesis_lines = lock_genesis(new, fetch_url=genesis_url)
+    new, genesis_lines = lock_genesis(new, catalog, fetch_url=genesis_url)
     lines = changes(pins, new) + genesis_lines
     if verify is not None and (refusals := verify(new)):
         raise LockError([f"{pins.path}: {line}" for line in refusals]

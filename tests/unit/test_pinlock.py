@@ -19,6 +19,7 @@ import yaml
 from images_fakes import pins_text
 
 from rigfleet import pinlock
+from rigfleet.catalog import load_catalog
 from rigfleet.pinlock import LockError, lock
 from rigfleet.pins import UNRESOLVED, StackPins, load_pins
 from rigfleet.registry import (
@@ -474,3 +475,27 @@ def test_a_token_file_in_the_home_of_no_such_user_cannot_be_read_by_name() -> No
     with pytest.raises(HubError, match=r"^hf_token_file: '~no-such-user-rf/tok' cannot be read "
                                        r"\(No such file or directory\)$"):
         Hub("http://hub.invalid", "~no-such-user-rf/tok").revision("a/b")
+
+
+def test_pins_lock_with_an_inventory_locks_a_stack_of_its_stacks_dir(registry, tmp_path,
+                                                                       monkeypatch) -> None:
+    # docs/stacks.md: pin your stack, then `rigfleet pins lock`; the pins were read with the
+    # built-in stacks only: "stacks.mine: 'mine' is not a stack in the catalog", nothing locked
+    from rigfleet import check, cli
+    from rigfleet.catalog import BUILTIN_DIR
+    from rigfleet.inventory import InventoryHost
+
+    url, store = registry
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    text = (BUILTIN_DIR / "int8.yaml").read_text().replace("name: int8", "name: mine")
+    (stacks / "mine.yaml").write_text(text.replace("port: 8011", "port: 8099"))
+    path = pins_file(tmp_path)
+    path.write_text(path.read_text().replace("  int8:", "  mine:"))
+    hosts = [InventoryHost("rig-a", ("gpu_hosts",), {"stacks_dir": str(stacks)})]
+    monkeypatch.setattr(cli, "fleet_hosts", lambda args: hosts)
+    monkeypatch.setattr(check, "verify_pins", lambda hosts, pins, online: ([], []))
+    assert cli.main(["pins", "lock", "--pins", str(path), "--registry", url, "--hub",
+                     "http://hub.invalid", "--inventory", "inv.py"]) == 0
+    assert load_pins(path, catalog=load_catalog([stacks])).stacks["mine"].digest == _digest(
+        store.manifests["v0.27.1"][1])
