@@ -152,7 +152,7 @@ def validate_cache_host(name: str, groups: Iterable[str], data: Any) -> CacheSet
     wanted = [data.get("balancer_port") or KEY_DEFAULTS["balancer_port"]] if kind.balancer else []
     wanted += [data.get("front_port")] if kind.gpu else []
     wanted += MONITOR_PORTS if kind.monitor else ()
-    return validate_cache(name, data, taken=[p for p in wanted if is_int(p)])
+    return validate_cache(name, data, taken=[p for p in wanted if is_int(p)], gpu_host=kind.gpu)
 
 
 def cache_settings(inventory: Iterable[Any]) -> list[CacheSettings]:

@@ -412,11 +412,13 @@ class CacheSettings:
         return f"http://{self.address}:{self.registry_port}"
 
 
-def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
-                   taken: Sequence[int] = ()) -> CacheSettings:
-    """``taken``: ports the host's other services use; raises ``HostDataError``."""
+def validate_cache(name: str, data: Mapping[str, Any] | Any, *, taken: Sequence[int] = (),
+                   gpu_host: bool = False) -> CacheSettings:
+    """``taken``: ports the host's other services use (``gpu_host``: its stacks' loopback ports
+    too); raises ``HostDataError``."""
     c = HostChecker(name)
     v = c.check_keys(data, "cache", KEYS)
+    taken = sorted({*taken, *(c.catalog.ports() if gpu_host else ())})
     ports = {key: v[key] for key in ("cache_registry_port", "cache_model_port")}
     registry, model = ports.values()
     if registry is not None and registry == model:
@@ -424,7 +426,7 @@ def validate_cache(name: str, data: Mapping[str, Any] | Any, *,
               "is cache_registry_port too")
     for key, port in ports.items():
         if port is not None and port in taken:
-            c.bad(key, port, f"a port none of this host's other services use ({sorted(taken)})",
+            c.bad(key, port, f"a port none of this host's other services use ({taken})",
                   "is taken by another service of this host")
     c.raise_if_any(HostDataError)  # before the values are used
     address = v["cache_address"] or data.get("ssh_hostname", None) or name

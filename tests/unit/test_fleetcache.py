@@ -94,6 +94,19 @@ def test_bad_cache_data_names_host_key_value_and_what_is_allowed(tmp_path):
         assert line in text
 
 
+
+def test_a_cache_on_a_host_that_serves_keeps_the_stacks_loopback_ports(tmp_path):
+    # the registry and nginx listen on every address: on a stack's loopback port they and that
+    # stack's container (127.0.0.1) cannot both bind; the port was accepted
+    data = {"api_key_file": str(key_file(tmp_path)), "cache_model_port": 8011,
+            "front_port": 8000}
+    assert validate_cache_host("lb1", ("caches",), data).model_port == 8011  # serves nothing
+    with pytest.raises(HostDataError, match=r"^rig-a: cache_model_port: 8011 is taken by "
+                       r"another service of this host; allowed: a port none of this host's "
+                       r"other services use \(\[8000, 8011, "):
+        validate_cache_host("rig-a", ("caches", "gpu_hosts"), data)
+
+
 def test_registry_config_is_a_pull_through_cache_without_auth(tmp_path):
     s = validate_cache("lb1", {"api_key_file": str(key_file(tmp_path)),
                                "cache_registry_upstream": "http://registry.test:5000",
