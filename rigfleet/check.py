@@ -143,13 +143,14 @@ def _raised(check: Callable[[], object]) -> list[str]:
     return []
 
 
-def reacher(pairs: Iterable[str]) -> Callable[[str], str]:
-    """``url -> url`` with each ``FROM=TO`` prefix rewritten."""
+def reacher(pairs: Iterable[str], env: Iterable[str] = ()) -> Callable[[str], str]:
+    """``url -> url`` with each ``FROM=TO`` prefix rewritten: ``env``'s (``RIGFLEET_REACH``),
+    then ``pairs`` (--reach); a bad one is named where it was given."""
     table: list[tuple[str, str]] = []
-    for pair in pairs:
+    for where, pair in [*(("RIGFLEET_REACH", p) for p in env), *(("--reach", p) for p in pairs)]:
         src, sep, dst = pair.partition("=")
         if not sep or not src or not dst:
-            raise ValueError(f"--reach: {pair!r}; allowed: FROM=TO, e.g. "
+            raise ValueError(f"{where}: {pair!r}; allowed: FROM=TO, e.g. "
                              "http://hub.rigfleet.test:8080=http://127.0.0.1:18080")
         table.append((src.rstrip("/"), dst.rstrip("/")))
 
@@ -346,8 +347,8 @@ def problems_of(findings: Iterable[Finding]) -> list[Finding]:
 def online_pass(images: bool = False, reach: Sequence[str] = (), timeout: float = 10.0) -> Online:
     """An online pass (check, the deploy's preflight, pins lock, bump): ``RIGFLEET_REACH``'s
     pairs, then ``reach`` (--reach)."""
-    pairs = [*os.environ.get("RIGFLEET_REACH", "").split(), *reach]
-    return Online(reach=reacher(pairs), timeout=timeout, images=images)
+    return Online(reach=reacher(reach, os.environ.get("RIGFLEET_REACH", "").split()),
+                  timeout=timeout, images=images)
 
 
 def verify_pins(hosts: Sequence[Any], pins: Pins, run: Online) -> tuple[list[str], list[str]]:

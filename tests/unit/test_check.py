@@ -40,6 +40,7 @@ from rigfleet.check import (
     deploy_verdict,
     host_os,
     offline,
+    online_pass,
     reacher,
 )
 from rigfleet.hostdata import AptRepo, validate_host
@@ -330,6 +331,17 @@ def test_reach_rewrites_url_prefixes_only() -> None:
     assert reach("http://hub.rigfleet.test:80800/x") == "http://hub.rigfleet.test:80800/x"
     with pytest.raises(ValueError, match="FROM=TO"):
         reacher(["nothing"])
+
+
+
+def test_a_bad_reach_pair_is_named_where_it_was_given(monkeypatch) -> None:
+    # a RIGFLEET_REACH pair was refused as "--reach: ...", a flag the deploy does not have
+    monkeypatch.setenv("RIGFLEET_REACH", "http://hub.test")
+    with pytest.raises(ValueError, match=r"^RIGFLEET_REACH: 'http://hub.test'; allowed: FROM=TO"):
+        online_pass()
+    monkeypatch.setenv("RIGFLEET_REACH", "http://hub.test=http://127.0.0.1:1")
+    with pytest.raises(ValueError, match=r"^--reach: 'x'; allowed: FROM=TO"):
+        online_pass(reach=["x"])
 
 
 # ---- offline ----------------------------------------------------------------------------------
