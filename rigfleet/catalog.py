@@ -565,6 +565,14 @@ def _model(p: Problems, value: Any) -> Mapping[str, Any]:
     return MappingProxyType(out)
 
 
+def _is_dir(path: Path) -> bool:
+    """A directory this user can look into (a name too long, a parent it may not search: no)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
 def _stack_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob("*.yaml") if p.is_file())
 
@@ -574,7 +582,7 @@ def _load(dirs: tuple[str, ...], fingerprint: tuple[tuple[str, int, int], ...]) 
     stacks: dict[str, StackSpec] = {}
     problems: list[str] = []
     for directory in map(Path, dirs):
-        if not directory.is_dir():
+        if not _is_dir(directory):
             problems.append(f"{directory}: stacks_dir: not a directory; allowed: a directory of "
                             "stack files (<name>.yaml)")
             continue
@@ -604,7 +612,7 @@ def load_catalog(extra_dirs: Iterable[str | Path] = ()) -> Catalog:
     """The built-in stacks plus those in ``extra_dirs`` (host data ``stacks_dir``)."""
     dirs = (str(BUILTIN_DIR), *(str(Path(os.path.expanduser(d)).absolute()) for d in extra_dirs))
     # Read again when a file changed (a long-running process, the tests).
-    files = [path for d in map(Path, dirs) if d.is_dir() for path in _stack_files(d)]
+    files = [path for d in map(Path, dirs) if _is_dir(d) for path in _stack_files(d)]
     return _load(dirs, tuple((str(f), (st := f.stat()).st_mtime_ns, st.st_size) for f in files))
 
 

@@ -226,7 +226,10 @@ def resolve_pins_path(pins_file: str, base: Path | None = None) -> Path:
     if base is not None:
         return base / path
     cwd = Path.cwd() / path
-    return cwd if cwd.exists() else PROJECT_ROOT / path
+    try:
+        return cwd if cwd.exists() else PROJECT_ROOT / path
+    except OSError:  # a name too long, a parent it may not search: reading it will say so
+        return cwd
 
 
 _PINS: dict[tuple[str, tuple[str, ...]], tuple[Pins, BumpJournal | None]] = {}

@@ -413,6 +413,19 @@ def test_hosts_sharing_a_pins_file_each_read_it_with_their_own_stacks(tmp_path) 
         "single-fp8-mtp, tq3-mtp-genesis, tq3-nomtp, turbo"]
 
 
+
+def test_paths_that_cannot_be_looked_at_are_problems_of_their_keys(tmp_path) -> None:
+    # host data names them (ENAMETOOLONG here, EACCES under a directory this user may not
+    # search), but check then looked at them again itself: OSError ended it, listing nothing
+    good = fleet_data(tmp_path, stack="int8")
+    hosts = [InventoryHost("rig-a", ("gpu_hosts",), {**good, "stacks_dir": "s" * 300,
+                                                     "pins_file": "p" * 300})]
+    problems = offline(hosts).problems
+    assert problems[0].startswith("rig-a: stacks_dir: 'sss")
+    assert "cannot be read (File name too long)" in problems[0]
+    assert problems[1].endswith("p" * 300 + ": cannot be read (File name too long)")
+
+
 def test_a_clean_inventory_has_no_problem(tmp_path) -> None:
     pins = tmp_path / "pins.yaml"
     pins.write_text(pins_text('int8: {image: "vllm/vllm-openai:v0.27.1", digest: "sha256:'
