@@ -241,7 +241,7 @@ class Maintenance(Steps):
                     self.j.event("lock", note, level="warning")
         try:
             self.j.event("maintenance", f"closing: {why or 'maintenance'}")
-            return self._close(window)
+            return self._close(window, status == "held")
         except Exception as e:  # a bug must still end with a result, 503 and a ledger line
             return self._failed(window, None, Failure("internal",
                                                       f"internal error: {type(e).__name__}: {e}"))
@@ -249,7 +249,8 @@ class Maintenance(Steps):
             if ours:
                 self.lock.release()
 
-    def _close(self, window: Window | None) -> Outcome:
+    def _close(self, window: Window | None, held: bool) -> Outcome:
+        """``held``: its steps just ran (a failed or abandoned window's time is no step's)."""
         plan = self.plan
         t0 = self.ops.monotonic()
         try:
@@ -271,7 +272,7 @@ class Maintenance(Steps):
                                       plan.retry_after_s)
         steps_s = max(0.0, time.time() - window.opened_at
                       - float((window.drain or {}).get("seconds") or 0.0)) \
-            if window is not None and window.opened_at else None
+            if held and window is not None and window.opened_at else None
         try:
             self.front.maintenance(f"maintenance: recreating {ref.stack}", recreate.seconds,
                                    wait=False)

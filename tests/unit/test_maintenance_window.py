@@ -34,6 +34,7 @@ from rigfleet.hostside.lock import HostLock, WindowHold, session_anchor
 from rigfleet.hostside.maintenance import Maintenance, window_status
 from rigfleet.hostside.plan import Plan
 from rigfleet.hostside.records import BootClock, boot_id, holder_alive, pid_start_ticks, read_holder
+from rigfleet.hostside.steps import read_timings, window_estimate
 from rigfleet.hostside.supervise import Policy
 from rigfleet.hostside.supervisor import Supervisor
 from rigfleet.hostside.transaction import Transaction
@@ -247,6 +248,27 @@ def test_a_close_whose_gate_fails_keeps_503_stops_the_stack_and_says_why(lay):
     out = Ensure(lay, host, front, Journal(lay.swap_dir("ensure-1"), echo=None), who="boot",
                  why="boot", booted_at=0.0, gate=FakeGate()).run()
     assert (out.result, out.serving) == ("closed", ROUTE) and window_status(lay)[1] == "none"
+
+
+def test_only_a_held_windows_close_measures_its_steps_for_the_next_retry_after(lay):
+    host, front, ref = serving(lay)
+    plan = window_plan(lay)
+    maint(lay, host, front, plan).open("NVIDIA driver 590 install")
+    window = json.loads(lay.window_file.read_text())
+    lay.window_file.write_text(json.dumps({**window, "opened_at": time.time() - 42.0}))
+    maint(lay, host, front, plan, gate=FakeGate()).close(own=True)
+    assert 41.0 <= read_timings(lay).steps_s < 60.0  # the deploy's steps, measured
+    # A window that failed its close, closed again three days later by the next deploy: the
+    # days in between are no step of it (they would be the next window's Retry-After).
+    later = window_plan(lay, "maint-20261202T100000Z-bbbbbb")
+    maint(lay, host, front, later).open("NVIDIA driver 595 install")
+    maint(lay, host, front, later, gate=FakeGate(failed=("needles",))).close(own=True)
+    window = json.loads(lay.window_file.read_text())
+    lay.window_file.write_text(json.dumps({**window, "opened_at": time.time() - 3 * 86400}))
+    out = maint(lay, host, front, later, gate=FakeGate()).close(own=True)
+    assert out.result == "closed" and 41.0 <= read_timings(lay).steps_s < 60.0
+    est = window_estimate(read_timings(lay), "int8", False, 30, steps=True)
+    assert est.seconds < 3600
 
 
 def test_while_a_window_holds_the_host_ensure_and_the_supervisor_leave_it_alone(lay):
