@@ -93,9 +93,11 @@ class Readiness:
             self.sleep(min(2.0, max(0.1, wait_s - waited)))
 
     def repair_dpkg(self) -> list[str]:
-        """``dpkg --configure -a`` when dpkg was interrupted (files in its ``updates``)."""
+        """``dpkg --configure -a`` when dpkg was interrupted (journal files in its ``updates``:
+        digits only, as apt counts them; ``tmp.i`` is dpkg's scratch file)."""
         updates = self.root / "var/lib/dpkg/updates"
-        pending = [p.name for p in updates.iterdir()] if updates.is_dir() else []
+        pending = [p.name for p in updates.iterdir() if p.name.isdigit()] \
+            if updates.is_dir() else []
         if not pending:
             return []
         self.say(f"dpkg was interrupted ({len(pending)} journal file(s) in {updates}); "

@@ -122,6 +122,21 @@ def test_an_interrupted_dpkg_is_repaired_with_the_documented_command(root):
     assert "dpkg was interrupted (1 journal file(s)" in said[0]
 
 
+def test_only_dpkgs_journal_files_say_it_was_interrupted(root):
+    # dpkg keeps ``updates/tmp.i`` open while it runs and leaves it when killed; its journal
+    # files (what apt's "dpkg was interrupted" counts) are named by digits alone.
+    (root / "var/lib/dpkg/updates/tmp.i").write_text("#padded\n" * 512)
+    ran: list[tuple[str, ...]] = []
+
+    def run(argv: tuple[str, ...]) -> tuple[int, str]:
+        ran.append(argv)
+        return 1, "dpkg: error processing package foo (--configure)\n"
+
+    said: list[str] = []
+    assert readiness(root, Clock(), said, run=run).check(True, 120, 1) == []
+    assert ran == [] and said == []
+
+
 def test_a_repair_that_fails_keeps_the_window_shut_with_dpkgs_words(root):
     (root / "var/lib/dpkg/updates/0001").write_text("x\n")
 
