@@ -14,6 +14,7 @@ import secrets
 import shutil
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,24 +104,26 @@ class HostLock:
 
     def hold_window(self, hold: WindowHold, why: str = "") -> bool:
         """The window's lock held by ``hold`` from now on; False when it is not that window's."""
-        holder = self.read()
-        if holder is None or holder.get("window") != hold.window:
-            return False
-        kept = {k: v for k, v in holder.items() if k not in ("alive", "until", "reboot")}
-        write_json(self.path / "holder.json",
-                   {**kept, **self._anchor(hold), "why": why or holder.get("why")}, indent=None)
+        with self._judged():
+            holder = self.read()
+            if holder is None or holder.get("window") != hold.window:
+                return False
+            kept = {k: v for k, v in holder.items() if k not in ("alive", "until", "reboot")}
+            write_json(self.path / "holder.json",
+                       {**kept, **self._anchor(hold), "why": why or holder.get("why")}, indent=None)
         return True
 
     def adopt_window(self, window_id: str, why: str, take_live: bool = False) -> bool:
         """Take over the window's lock as this process when its holder is gone (or lives, with
         ``take_live``; else ``LockHeld``); False when the lock is not that window's."""
-        holder = self.read()
-        if holder is None or holder.get("window") != window_id:
-            return False
-        if holder.get("alive") and not take_live:
-            raise LockHeld(holder)
-        self._write_holder(str(holder.get("who") or "unknown"), why,
-                           str(holder.get("deploy_id") or window_id), None)
+        with self._judged():  # of two closers that saw it at once, one takes it
+            holder = self.read()
+            if holder is None or holder.get("window") != window_id:
+                return False
+            if holder.get("alive") and not take_live:
+                raise LockHeld(holder)
+            self._write_holder(str(holder.get("who") or "unknown"), why,
+                               str(holder.get("deploy_id") or window_id), None)
         self.held = True
         return True
 
@@ -155,11 +158,9 @@ class HostLock:
 
     def _break_stale(self) -> bool:
         """Remove the lock if its holder is still gone; False when it lives (or is free)."""
-        # Judged again under an flock of the lock's directory: of two processes that both saw
-        # the same stale lock, the second finds the first one's fresh lock alive and keeps it.
-        fd = os.open(self.path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        # Judged again under the flock: of two processes that both saw the same stale lock,
+        # the second finds the first one's fresh lock alive and keeps it.
+        with self._judged():
             holder = self.read()
             if holder is None or holder.get("alive"):
                 return False
@@ -168,10 +169,19 @@ class HostLock:
                 os.rename(self.path, aside)
             except OSError:
                 return False
-        finally:
-            os.close(fd)
         shutil.rmtree(aside)
         return True
+
+    @contextlib.contextmanager
+    def _judged(self) -> Iterator[None]:
+        """An flock of the lock's directory: a holder read and replaced (or removed) by one
+        process at a time."""
+        fd = os.open(self.path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def release_stale(self) -> dict[str, Any] | None:
         """Remove a stale lock on a person's word (``rigfleet lock HOST --release``); returns

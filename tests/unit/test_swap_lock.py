@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 from swap_fakes import gone_pid
 
 from rigfleet.hostside.layout import Layout
-from rigfleet.hostside.lock import HostLock, LockHeld
+from rigfleet.hostside.lock import HostLock, LockHeld, WindowHold
 from rigfleet.hostside.records import describe, holder_alive, pid_start_ticks, read_holder
 
 
@@ -121,3 +125,28 @@ def test_release_never_drops_someone_elses_lock(lay):
     mine.release()
     assert describe({"who": "w", "since": "s", "pid": 7, "why": "y"}) == \
         "locked by w since s (pid 7): y"
+
+
+def _adopt(root: str, start: Any, results: Any) -> None:
+    lock = HostLock(Layout(Path(root)))
+    start.wait()
+    results.put(lock.adopt_window("maint-x", "closing maintenance window maint-x"))
+
+
+def test_of_closers_adopting_one_abandoned_window_at_once_one_holds_it(lay):
+    # The supervisor, a deploy closing an earlier run's window and a person's `maintenance
+    # close` find the same abandoned window at once: one of them closes it (recreate + gate).
+    fork = multiprocessing.get_context("fork")
+    for _ in range(5):
+        if lay.lock_dir.exists():
+            shutil.rmtree(lay.lock_dir)
+        HostLock(lay).acquire("alice@ctl", "maintenance: Docker restart", "maint-x",
+                              WindowHold("maint-x", gone_pid(), "the deploy's SSH session"))
+        start, results = fork.Barrier(4), fork.Queue()
+        closers = [fork.Process(target=_adopt, args=(str(lay.root), start, results))
+                   for _ in range(4)]
+        for p in closers:
+            p.start()
+        for p in closers:
+            p.join(30)
+        assert sorted(results.get(timeout=5) for _ in closers) == [False, False, False, True]
