@@ -83,8 +83,10 @@ class Supervisor:
         self.pid = self.pid or os.getpid()
         self.lock = HostLock(self.lay, self.pid)
         self.problem: str | None = None  # the last record write that failed (said once)
-        data, _ = read_json(self.lay.supervise_state)
+        data, err = read_json(self.lay.supervise_state)
         try:
+            if err not in (None, "missing"):
+                raise ValueError(err)  # not JSON (cut short), or unreadable
             self.rec = Record.from_dict(data)
         except (TypeError, ValueError, AttributeError) as e:
             self.say(f"{self.lay.supervise_state} is damaged ({type(e).__name__}: {e}); "

@@ -180,6 +180,17 @@ def test_a_damaged_supervisor_state_starts_a_fresh_count_with_the_reason(lay):
     assert sup.run(ticks=1) == 0 and sup.rec.state == "watching"
 
 
+def test_a_truncated_supervisor_state_is_said_too(lay):
+    host, front, _ = serving(lay)
+    lay.supervise_dir.mkdir(parents=True, exist_ok=True)
+    lay.supervise_state.write_text(f'{{"schema": "{SUPERVISE_SCHEMA}", "state": "gave-')
+    echo = io.StringIO()
+    sup = Supervisor(lay, host, front, Policy(), clock=host.wall, echo=echo)
+    assert sup.rec == Record()
+    assert f"{lay.supervise_state} is damaged (" in echo.getvalue()
+    assert "starting a fresh count" in echo.getvalue()
+
+
 def test_the_instance_lock_holds_on_a_read_only_state_dir(lay, monkeypatch):
     lay.supervise_dir.mkdir(parents=True)
     (lay.supervise_dir / "supervisor.lock").touch()
