@@ -13,6 +13,7 @@ from pyinfra import host
 
 from rigfleet.commands import hosttool
 from rigfleet.hostside.drain import drain_note
+from rigfleet.hostside.journal import START_GRACE_S
 from roles.ops import DeployError, connector_kwargs, run_on_host
 
 POLL_S = 2.0
@@ -99,6 +100,10 @@ def follow(swap_id: str, timeout_s: float, reports: str, box: dict[str, str],
                 if data.get("state") == "died":
                     raise DeployError(f"{host.name}: {label} {swap_id} ended without a result "
                                       f"(killed?); see {where}")
+                if data.get("state") == "starting" and time.monotonic() - t0 > START_GRACE_S:
+                    # Its journal never appeared (a close's has no plan.json to age).
+                    raise DeployError(f"{host.name}: {label} {swap_id} did not start (no "
+                                      f"journal after {START_GRACE_S:g}s); see {where}")
             if time.monotonic() - t0 > timeout_s:
                 raise DeployError(f"{host.name}: {label} {swap_id} still running after "
                                   f"{timeout_s:g}s; it continues on the host: {where}")

@@ -386,3 +386,27 @@ def test_the_cli_opens_reports_and_closes(lay, monkeypatch, capsys):
     assert done["state"] == "done" and done["result"]["result"] == "closed"
     assert front.current() == ROUTE
 
+
+
+def test_the_deploy_stops_following_a_close_that_never_started(monkeypatch):
+    # `maintenance close` that exits before its journal exists (a plan the host's tool refuses,
+    # a bundle that does not start): no pid.json, and a close's journal has no plan.json, so
+    # the host says "starting" for ever. The deploy says so after the start grace, not after
+    # its whole follow timeout (hours).
+    import types
+
+    import roles.follow
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(roles.follow, "time", types.SimpleNamespace(
+        monotonic=lambda: clock["t"], sleep=lambda s: clock.update(t=clock["t"] + s)))
+    monkeypatch.setattr(roles.follow, "host", types.SimpleNamespace(name="rig-a",
+                                                                    log=lambda line: None))
+    answer = json.dumps({"events": [], "next": 0, "result": None, "state": "starting"})
+    monkeypatch.setattr(roles.follow, "run_on_host", lambda command: (True, [answer], []))
+    box: dict[str, str] = {}
+    roles.follow.follow("close-d1-1", 7000.0, "/tmp", box, label="maintenance",
+                        unit="rigfleet-maint-maint-d1")
+    assert "did not start" in box["error"]
+    assert "journalctl -u rigfleet-maint-maint-d1" in box["error"]
+    assert clock["t"] < 120.0
