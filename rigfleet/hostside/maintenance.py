@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from . import ledger
 from . import steps as st
 from .active import ActiveDamaged, load_active, prune_snapshots, request_reset, write_active
-from .atomic import write_json
+from .atomic import move_aside, write_json
 from .front import MAINTENANCE, FrontError
 from .journal import Journal
 from .layout import Layout
@@ -338,8 +338,14 @@ class Maintenance(Steps):
 
 
 def supersede(lay: Layout, by: str, why: str) -> None:
-    """A swap promoted a stack through its own gate: a failed or abandoned window is over."""
+    """A swap promoted a stack through its own gate: a failed, abandoned or damaged window is
+    over (a damaged record is kept aside)."""
     window, status, _ = window_status(lay)
-    if window is not None and status in ("failed", "abandoned"):
-        write_json(lay.window_file, replace(window, state="closed", closed_at=time.time(),
-                                            reason=f"superseded: {why} (by {by})").to_dict())
+    if status not in ("failed", "abandoned", "damaged"):
+        return
+    reason = f"superseded: {why} (by {by})"
+    if window is None:
+        window = Window(by=by)
+        reason += f"; damaged record kept: {move_aside(lay.window_file)}"
+    write_json(lay.window_file, replace(window, state="closed", closed_at=time.time(),
+                                        reason=reason).to_dict())

@@ -359,6 +359,26 @@ def test_a_swap_that_promotes_supersedes_a_failed_window_and_one_that_fails_has_
     assert status == "none" and window.reason.startswith("superseded:")
 
 
+def test_a_swap_that_promotes_ends_a_damaged_window_too(lay):
+    # A damaged window counts as failed: the swap treats it so (no way back), and its promotion
+    # through its own gate ends it, so the supervisor watches the new stack.
+    host, front, ref = serving(lay)
+    lay.maintenance_dir.mkdir(parents=True, exist_ok=True)
+    lay.window_file.write_text('{"schema": "rigfleet-maintenance/1", "state": "op')
+    assert window_status(lay)[1] == "damaged"
+    swap_plan = make_plan(lay, make_ref(lay, "tq3-mtp-genesis", "3333cccc4444dddd"),
+                          plan_id="20261201T120000Z-cccccc")
+    ok = Transaction(swap_plan, lay, host, front, FakeGate(),
+                     Journal(lay.swap_dir(swap_plan.id), echo=None)).run()
+    assert ok.result == "promoted"
+    window, status, why = window_status(lay)
+    assert status == "none" and why.startswith("superseded:")
+    assert [p.name for p in lay.maintenance_dir.glob("window.json.damaged-*")]
+    sup = supervisor(lay, host, front, gate=FakeGate())
+    sup.tick()
+    assert sup.rec.state == "watching"
+
+
 def test_the_cli_opens_reports_and_closes(lay, monkeypatch, capsys):
     host, front, ref = serving(lay)
     plan = window_plan(lay)
