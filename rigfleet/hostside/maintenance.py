@@ -24,7 +24,7 @@ from .journal import Journal
 from .layout import Layout
 from .lock import HostLock, LockHeld, WindowHold
 from .plan import Active, Plan, PlanError
-from .records import Coded, live_holder, read_holder, read_json
+from .records import Coded, describe, live_holder, read_holder, read_json
 from .steps import Failure, FrontControl, GateFn, Ops, Outcome, Steps, known_projects
 
 KIND = "maintenance"
@@ -112,12 +112,12 @@ class Maintenance(Steps):
         try:
             note = self.lock.acquire(plan.by, f"maintenance: {step}", hold.window, hold)
         except LockHeld as held:
-            if held.holder.get("window") == plan.id and mine is not None:
-                self.lock.hold_window(hold, f"maintenance: {step}")
+            if held.holder.get("window") == plan.id and mine is not None \
+                    and self.lock.hold_window(hold, f"maintenance: {step}"):  # not taken since
                 return self._join(mine, step, now, f"window {plan.id} already open; step: "
                                   f"{step}; held by pid {hold.pid} ({hold.what})"
                                   + (" and across the reboot" if hold.reboot else ""))
-            return self._locked(str(held))
+            return self._locked(describe(self.lock.read() or held.holder))
         if note:
             self.j.event("lock", note, level="warning")
         if mine is not None:

@@ -30,7 +30,7 @@ from rigfleet.hostside.active import load_active
 from rigfleet.hostside.ensure import Ensure
 from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
-from rigfleet.hostside.lock import HostLock, WindowHold, session_anchor
+from rigfleet.hostside.lock import HostLock, LockHeld, WindowHold, session_anchor
 from rigfleet.hostside.maintenance import Maintenance, window_status
 from rigfleet.hostside.plan import Plan
 from rigfleet.hostside.records import BootClock, boot_id, holder_alive, pid_start_ticks, read_holder
@@ -101,6 +101,30 @@ def test_open_takes_the_lock_as_the_window_and_answers_503(lay):
     assert other.result == "locked" and other.exit == 3
     assert "maintenance window maint-20261201T100000Z-aaaaaa, held while pid" in other.reason
     assert "maintenance close" not in other.reason
+
+
+def test_a_step_does_not_join_a_window_a_close_took_meanwhile(lay):
+    # `maintenance close --force` takes the window between the next step's look at the lock
+    # and its joining: the step is refused (the close recreates the stack), not run in it.
+    host, front, ref = serving(lay)
+    plan = window_plan(lay)
+    maint(lay, host, front, plan).open("NVIDIA driver 590 install")
+    step = maint(lay, host, front, plan)
+    closer = HostLock(lay, pid=os.getppid())
+    look = step.lock.acquire
+
+    def acquire(*args: Any, **kw: Any) -> str | None:
+        try:
+            return look(*args, **kw)
+        except LockHeld:
+            assert closer.adopt_window(plan.id, "closing (--force)", take_live=True)
+            raise
+
+    step.lock.acquire = acquire  # type: ignore[method-assign]
+    out = step.open("reboot to load the NVIDIA driver")
+    assert (out.result, out.exit) == ("locked", 3) and "closing (--force)" in out.reason
+    assert read_holder(lay.lock_dir)["why"] == "closing (--force)"
+    assert [s["what"] for s in window_status(lay)[0].steps] == ["NVIDIA driver 590 install"]
 
 
 class Clock(BootClock):
