@@ -97,7 +97,10 @@ def follow(swap_id: str, timeout_s: float, reports: str, box: dict[str, str],
                 since = int(data.get("next", since))
                 if data.get("state") == "done":
                     break
-                if data.get("state") == "died":
+                # Until the job it just started writes its journal, the host judges it by
+                # the plan's age, which may predate the start (a swap that waited for a slot).
+                fresh = not since and time.monotonic() - t0 <= START_GRACE_S
+                if data.get("state") == "died" and not fresh:
                     raise DeployError(f"{host.name}: {label} {swap_id} ended without a result "
                                       f"(killed?); see {where}")
                 if data.get("state") == "starting" and time.monotonic() - t0 > START_GRACE_S:

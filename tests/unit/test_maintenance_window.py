@@ -432,6 +432,49 @@ def test_the_cli_opens_reports_and_closes(lay, monkeypatch, capsys):
 
 
 
+def follow_answers(monkeypatch, answers: list[dict[str, Any]]) -> dict[str, float]:
+    """``roles.follow`` against a host whose ``status --id`` gives ``answers`` (the last one
+    repeats), on a fake clock."""
+    import types
+
+    import roles.follow
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(roles.follow, "time", types.SimpleNamespace(
+        monotonic=lambda: clock["t"], sleep=lambda s: clock.update(t=clock["t"] + s)))
+    monkeypatch.setattr(roles.follow, "host", types.SimpleNamespace(name="rig-a",
+                                                                    log=lambda line: None))
+    said = iter(answers)
+
+    def status(command: str) -> tuple[bool, list[str], list[str]]:
+        answer = next(said, answers[-1])
+        return True, [json.dumps({"events": [], "next": 0, "result": None, **answer})], []
+
+    monkeypatch.setattr(roles.follow, "run_on_host", status)
+    return clock
+
+
+def test_a_job_just_started_is_not_taken_for_dead_before_its_journal_appears(monkeypatch):
+    # The swap's plan went up before it waited minutes for a balancer slot: until the started
+    # job writes its pid, the host judges it by the plan's age ("died"). The deploy that has
+    # just started it waits for the journal instead of failing the host (and freeing the
+    # slot while the swap runs).
+    import roles.follow
+
+    follow_answers(monkeypatch, [
+        {"state": "died"}, {"state": "died"},
+        {"state": "running", "events": [{"phase": "lock", "message": "taken"}], "next": 1},
+        {"state": "done", "next": 1, "result": {"result": "promoted", "exit": 0,
+                                                "serving": "tq3/3333"}}])
+    box: dict[str, str] = {}
+    roles.follow.follow("20261201T120000Z-cccccc", 7000.0, "/tmp", box)
+    assert box == {}
+    # One that never writes anything is dead after the start grace.
+    clock = follow_answers(monkeypatch, [{"state": "died"}])
+    roles.follow.follow("20261201T120000Z-dddddd", 7000.0, "/tmp", box)
+    assert "ended without a result" in box["error"] and clock["t"] < 120.0
+
+
 def test_the_deploy_stops_following_a_close_that_never_started(monkeypatch):
     # `maintenance close` that exits before its journal exists (a plan the host's tool refuses,
     # a bundle that does not start): no pid.json, and a close's journal has no plan.json, so
