@@ -16,6 +16,7 @@ from typing import Any
 from rigfleet.hostdata import (
     KEY_DEFAULTS,
     MONITOR_PORTS,
+    NODE_EXPORTER_PORT,
     CacheSettings,
     HostDataError,
     validate_cache,
@@ -150,7 +151,7 @@ def validate_cache_host(name: str, groups: Iterable[str], data: Any) -> CacheSet
     """``validate_cache`` given the ports the host's other services take; ``HostDataError``."""
     kind = host_kind(groups)
     wanted = [data.get("balancer_port") or KEY_DEFAULTS["balancer_port"]] if kind.balancer else []
-    wanted += [data.get("front_port")] if kind.gpu else []
+    wanted += [data.get("front_port"), NODE_EXPORTER_PORT] if kind.gpu else []
     wanted += MONITOR_PORTS if kind.monitor else ()
     return validate_cache(name, data, taken=[p for p in wanted if is_int(p)], gpu_host=kind.gpu)
 

@@ -494,3 +494,11 @@ def test_rigs_leave_out_a_cache_its_own_preflight_refuses(tmp_path):
     with pytest.raises(HostDataError, match="9090"):
         validate_cache_host(clash.name, clash.groups, clash.data)
     assert model_mirrors([clash, fine]) == ("http://c1:9090",)
+
+
+def test_a_cache_on_a_gpu_host_keeps_clear_of_its_node_exporter(tmp_path):
+    key = str(key_file(tmp_path))
+    rig = _host("rig-a", ("gpu_hosts", "caches"), {"api_key_file": key, "front_port": 8000,
+                                                   "cache_registry_port": 9100})
+    with pytest.raises(HostDataError, match="cache_registry_port: 9100 is taken"):
+        validate_cache_host(rig.name, rig.groups, rig.data)
