@@ -47,8 +47,8 @@ def read_key(settings: HostSettings | BalancerSettings) -> str:
 
 
 def chat(url: str, key: str, prompt: str, timeout: float = 60,
-         context: ssl.SSLContext | None = None) -> dict:
-    body = json.dumps({"model": "qwen3.6-27b-autoround",
+         context: ssl.SSLContext | None = None, model: str = "qwen3.6-27b-autoround") -> dict:
+    body = json.dumps({"model": model,
                        "messages": [{"role": "user", "content": prompt}],
                        "max_tokens": 40, "temperature": 0}).encode()
     req = urllib.request.Request(f"{url}/v1/chat/completions", data=body, method="POST",
@@ -61,12 +61,12 @@ def chat(url: str, key: str, prompt: str, timeout: float = 60,
 QUESTION = "What is the capital of France? One short sentence."
 
 
-def ask(name: str, url: str, key: str, context: ssl.SSLContext | None,
+def ask(name: str, url: str, key: str, context: ssl.SSLContext | None, model: str,
         timeout: float = 60) -> EndpointCheck:
-    """One short question to ``url``; never raises (the row says what happened)."""
+    """One short question to ``url`` for ``model``; never raises (the row says what happened)."""
     started = time.monotonic()
     try:
-        reply = chat(url, key, QUESTION, timeout=timeout, context=context)
+        reply = chat(url, key, QUESTION, timeout=timeout, context=context, model=model)
         text = reply["choices"][0]["message"].get("content") or ""
         return EndpointCheck(name, url, 200, reply.get("model", ""), text.strip(),
                              time.monotonic() - started)
@@ -83,7 +83,7 @@ def check(host: InventoryHost, timeout: float = 60) -> EndpointCheck:
     except (RigfleetError, OSError) as exc:
         return EndpointCheck(host.name, "-", "bad data", "", str(exc), 0.0)
     return ask(host.name, front_url(host, settings), key, front_context(settings.front_tls),
-               timeout)
+               settings.spec.served_model_name, timeout)
 
 
 def check_balancer(lb: InventoryHost, hosts: Sequence[InventoryHost],
@@ -96,4 +96,5 @@ def check_balancer(lb: InventoryHost, hosts: Sequence[InventoryHost],
         return [EndpointCheck(lb.name, "-", "bad data", "", str(exc), 0.0)]
     base = balancer_url(plan, lb)
     context = front_context(plan.settings.tls)
-    return [ask(lb.name, f"{base}{pool.prefix}", key, context, timeout) for pool in plan.pools]
+    return [ask(lb.name, f"{base}{pool.prefix}", key, context, pool.served_model_name, timeout)
+            for pool in plan.pools]

@@ -338,7 +338,7 @@ def test_endpoints_asks_each_stack_through_the_balancer(tmp_path, monkeypatch):
 
     asked = []
 
-    def chat(url, key, prompt, max_tokens=40, timeout=60, context=None):
+    def chat(url, key, prompt, max_tokens=40, timeout=60, context=None, model=""):
         asked.append((url, key))
         return {"model": "qwen3.6-27b-autoround", "choices": [{"message": {"content": "Paris."}}]}
 
@@ -376,3 +376,33 @@ def test_behind_a_balancer_the_converge_keeps_a_host_of_every_shared_stack_servi
     broken = [InventoryHost("bad", ("gpu_hosts",), {"stack": "int8"}), *hosts]
     assert converge_batch(broken).size == 1
     assert "lb1's data does not validate" in converge_batch(broken).why
+
+
+def test_endpoints_ask_for_the_model_each_stack_serves(tmp_path, monkeypatch):
+    import json
+
+    import yaml
+
+    import rigfleet.endpoints as endpoints
+    from rigfleet.catalog import BUILTIN_DIR
+
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    mine = yaml.safe_load((Path(BUILTIN_DIR) / "int8.yaml").read_text())
+    mine.update(name="mine", port=8032, served_model_name="my-model")
+    (stacks / "mine.yaml").write_text(yaml.safe_dump(mine, sort_keys=False))
+    key = key_file(tmp_path)
+    data = gpu_data(key, stack="mine", stacks_dir=str(stacks), ssh_hostname="127.0.0.1")
+    hosts = [InventoryHost("host1", ("gpu_hosts",), data),
+             InventoryHost("lb1", ("balancers",), {"api_key_file": str(key),
+                                                    "ssh_hostname": "127.0.0.1"})]
+    asked: list[str] = []
+
+    def urlopen(req, timeout=60, context=None):  # vLLM answers 404 for a model it does not serve
+        asked.append(json.loads(req.data)["model"])
+        raise OSError("not served here")
+
+    monkeypatch.setattr(endpoints.urllib.request, "urlopen", urlopen)
+    endpoints.check(hosts[0])
+    endpoints.check_balancer(hosts[1], hosts)
+    assert asked == ["my-model", "my-model"]
