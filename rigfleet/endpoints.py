@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rigfleet.balancer.plan import fleet_plan
+from rigfleet.balancer.plan import fleet_plan, url_host
 from rigfleet.balancer.status import balancer_url
 from rigfleet.errors import RigfleetError
 from rigfleet.hostdata import BalancerSettings, FrontTls, HostSettings, validate_host
@@ -33,8 +33,9 @@ class EndpointCheck:
 
 def front_url(host: InventoryHost, settings: HostSettings) -> str:
     """The host's serving endpoint: ``front_url`` in host data, else ssh host + front port."""
-    return (settings.front_url
-            or f"{settings.front_scheme}://{host.ssh_target[0]}:{settings.front_port}").rstrip("/")
+    if settings.front_url:
+        return settings.front_url.rstrip("/")
+    return f"{settings.front_scheme}://{url_host(host.ssh_target[0])}:{settings.front_port}"
 
 
 def front_context(tls: FrontTls | None) -> ssl.SSLContext | None:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rigfleet.balancer.haproxy import METRICS_PATH as BALANCER_PATH
-from rigfleet.balancer.plan import GpuHost, front_target, split_address
+from rigfleet.balancer.plan import GpuHost, front_target, split_address, url_host
 from rigfleet.hostdata import (
     ALERTMANAGER_PORT,
     NODE_EXPORTER_PORT,
@@ -82,8 +82,8 @@ def plan_monitor(name: str, settings: MonitorSettings, hosts: Sequence[GpuHost],
     lbs = []
     for b in balancers:
         host = "127.0.0.1" if b.name == name else b.address
-        shown = f"[{host}]" if ":" in host else host
-        lbs.append(Target(b.name, f"{shown}:{b.settings.port}", b.settings.tls is not None))
+        lbs.append(Target(b.name, f"{url_host(host)}:{b.settings.port}",
+                          b.settings.tls is not None))
     tls = [h.settings.front_tls for h in hosts] + [b.settings.tls for b in balancers]
     cas = tuple(dict.fromkeys(t.ca_file for t in tls if t is not None))
     return MonitorPlan(name, settings, fronts, tuple(lbs), cas, not gpu_host)

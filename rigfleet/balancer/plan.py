@@ -96,13 +96,17 @@ def split_address(address: str) -> tuple[str, int | None]:
     return host, int(port) if sep else None
 
 
+def url_host(name: str) -> str:
+    """A host name or address as a URL or ``host:port`` names it (IPv6 in brackets)."""
+    return f"[{name}]" if ":" in name else name
+
+
 def front_target(host: GpuHost) -> tuple[str, str]:
     """(``host:port`` HAProxy connects to, the name in the front's certificate)."""
     given = host.settings.balancer_front_address
     name, port = split_address(given) if given else (host.ssh_hostname or host.name, None)
     port = port or host.settings.front_port
-    shown = f"[{name}]" if ":" in name else name
-    return f"{shown}:{port}", name
+    return f"{url_host(name)}:{port}", name
 
 
 def plan_balancer(name: str, settings: BalancerSettings, hosts: Sequence[GpuHost]) -> BalancerPlan:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rigfleet.balancer.haproxy import ServerState, parse_stat_csv, show_stat_command
-from rigfleet.balancer.plan import BalancerPlan, fleet_plan
+from rigfleet.balancer.plan import BalancerPlan, fleet_plan, url_host
 from rigfleet.errors import RigfleetError
 from rigfleet.inventory import InventoryHost
 from rigfleet.ssh import HostUnreachable, Remote
@@ -36,7 +36,7 @@ class BalancerRow:
 def balancer_url(plan: BalancerPlan, host: InventoryHost) -> str:
     """``balancer_url``, else its SSH address and port."""
     s = plan.settings
-    return (s.url or f"{s.scheme}://{host.ssh_target[0]}:{s.port}").rstrip("/")
+    return (s.url or f"{s.scheme}://{url_host(host.ssh_target[0])}:{s.port}").rstrip("/")
 
 
 def balancer_rows(lb: InventoryHost, hosts: Sequence[InventoryHost], remote: Remote,

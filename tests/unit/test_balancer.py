@@ -406,3 +406,16 @@ def test_endpoints_ask_for_the_model_each_stack_serves(tmp_path, monkeypatch):
     endpoints.check(hosts[0])
     endpoints.check_balancer(hosts[1], hosts)
     assert asked == ["my-model", "my-model"]
+
+
+def test_endpoints_bracket_an_ipv6_ssh_address_in_their_urls(tmp_path):
+    from rigfleet.balancer.plan import fleet_plan
+    from rigfleet.balancer.status import balancer_url
+    from rigfleet.endpoints import front_url
+
+    key = key_file(tmp_path)
+    rig = InventoryHost("rig-a", ("gpu_hosts",), gpu_data(key, ssh_hostname="fd00::11"))
+    lb = InventoryHost("lb1", ("balancers",), {"api_key_file": str(key),
+                                                "ssh_hostname": "fd00::2"})
+    assert front_url(rig, validate_host(rig.name, rig.data)) == "http://[fd00::11]:8000"
+    assert balancer_url(fleet_plan(lb, [rig, lb]), lb) == "http://[fd00::2]:8080"
