@@ -502,3 +502,13 @@ def test_a_cache_on_a_gpu_host_keeps_clear_of_its_node_exporter(tmp_path):
                                                    "cache_registry_port": 9100})
     with pytest.raises(HostDataError, match="cache_registry_port: 9100 is taken"):
         validate_cache_host(rig.name, rig.groups, rig.data)
+
+
+@pytest.mark.parametrize("model_dir", ["/srv/rigfleet cache", "/srv/a;b", "/srv/$models",
+                                       "/srv/a{b}", "/srv/a#b"])
+def test_a_cache_model_dir_nginx_cannot_serve_as_written_is_refused(tmp_path, model_dir):
+    data = {"api_key_file": str(key_file(tmp_path)), "cache_model_dir": model_dir}
+    with pytest.raises(HostDataError, match=r"c1: cache_model_dir: .* nginx"):
+        validate_cache_host("c1", ("caches",), data)
+    fine = validate_cache_host("c1", ("caches",), {**data, "cache_model_dir": "/srv/c-1/m_2.x@y"})
+    assert "root /srv/c-1/m_2.x@y;" in render_nginx_site(fine)
