@@ -124,6 +124,10 @@ def confirm(args: argparse.Namespace, action: str) -> None:
         return
     if not sys.stdin.isatty():
         raise UsageError(f"not a terminal, nobody to ask whether to {action}: pass --yes")
-    if input(f"{action}? [y/N] ").strip().lower() not in ("y", "yes"):
+    try:
+        answer = input(f"{action}? [y/N] ")
+    except EOFError:  # Ctrl-D at the prompt: no
+        answer = ""
+    if answer.strip().lower() not in ("y", "yes"):
         raise UsageError(f"not confirmed; nothing changed (pass --yes to {action} without "
                          "asking)")

@@ -166,6 +166,16 @@ def test_confirm_asks_at_a_terminal(monkeypatch):
         confirm(argparse.Namespace(yes=False), "roll")
 
 
+def test_confirm_takes_end_of_input_at_the_prompt_as_no(monkeypatch):
+    def ctrl_d(_prompt):
+        raise EOFError
+
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", ctrl_d)
+    with pytest.raises(UsageError, match="not confirmed; nothing changed"):
+        confirm(argparse.Namespace(yes=False), "roll")
+
+
 def test_testbed_help_without_the_testbed_package(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "rigfleet_testbed.cli", None)  # import fails
     assert _exit(["testbed", "--help"]) == 0
