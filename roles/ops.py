@@ -195,7 +195,9 @@ def secret_file(dest: str, content: Secret, mode: str = "0600", user: str = "roo
 def checked_file(dest: str, content: str | Secret, check: str, mode: str = "0644",
                  group: str = "root"):
     """Put ``content`` at ``dest`` (owned by root:``group``) only after ``check`` (``{path}``:
-    the staged copy, ``<dest>.rigfleet-new``) accepted it; a refused copy is removed."""
+    the staged copy, ``<dest>.rigfleet-new``) accepted it; a refused copy is removed. A
+    ``Secret`` is staged as ``secret_file`` writes (an upload with ``_sudo`` passes through a
+    file others can read)."""
     data = (content.reveal() if isinstance(content, Secret) else content).encode()
     if read_fact(FileDigest, path=dest) == FileInfo(mode, "root", group,
                                                    hashlib.sha256(data).hexdigest()):
@@ -203,9 +205,13 @@ def checked_file(dest: str, content: str | Secret, check: str, mode: str = "0644
         return
     tmp = f"{dest}.rigfleet-new"
     q = shlex.quote(tmp)
-    yield f"install -m {mode} -o root -g {shlex.quote(group)} /dev/null {q}"
-    yield FileUploadCommand(io.BytesIO(data), tmp)
-    yield f"chown root:{shlex.quote(group)} {q} && chmod {mode} {q}"
+    if isinstance(content, Secret):
+        yield StringCommand(write_secret(tmp, mode, "root", group),
+                            _stdin=base64.encodebytes(data).decode("ascii"))
+    else:
+        yield f"install -m {mode} -o root -g {shlex.quote(group)} /dev/null {q}"
+        yield FileUploadCommand(io.BytesIO(data), tmp)
+        yield f"chown root:{shlex.quote(group)} {q} && chmod {mode} {q}"
     yield (f"{check.format(path=q)} || {{ rf_rc=$?; rm -f {q}; "
            f"echo {shlex.quote(f'rigfleet: {dest} not installed: the check refused it')} >&2; "
            "exit $rf_rc; }")

@@ -231,3 +231,31 @@ def test_a_failed_write_leaves_no_partial_file(rig, tmp_path):
     assert proc.returncode != 0
     assert dest.read_text() == "old\n"
     assert not list(dest_dir.glob(".rigfleet-secret.*"))
+
+
+def test_a_checked_secret_is_staged_through_stdin_never_uploaded(rig):
+    """``checked_file`` with a ``Secret`` (the monitor's Alertmanager file, which may hold
+    credentials): the staged copy is born 0600 and filled from stdin, as ``secret_file`` does."""
+    from roles.ops import checked_file
+
+    state, host, client, sftp, dest_dir, _, _ = rig
+    bin_dir = Path(client.env["PATH"].split(":")[0])
+    # Owner root: stand-ins that take the owner as given (these tests run as any user).
+    (bin_dir / "chown").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "install").write_text('#!/bin/sh\nexec /usr/bin/install "$1" "$2" "$7" "$8"\n')
+    for name in ("chown", "install"):
+        (bin_dir / name).chmod(0o755)
+    dest = dest_dir / "alertmanager.yml"
+
+    def op() -> None:
+        checked_file(name="checked", dest=str(dest), content=Secret(f"token: {SECRET}\n"),
+                     check="test -s {path}", mode="0640")
+
+    add_deploy(state, op)
+    run_ops(state)
+    assert host not in state.failed_hosts
+    assert sftp.puts == []
+    assert not any(SECRET in r.command for r in client.runs)
+    assert dest.read_text() == f"token: {SECRET}\n"
+    assert oct(dest.stat().st_mode & 0o777) == "0o640"
+    assert not list(dest_dir.glob("*.rigfleet-new")) and not list(dest_dir.glob(".rigfleet-*"))
