@@ -76,12 +76,13 @@ class MonitorPlan:
 
 def plan_monitor(name: str, settings: MonitorSettings, hosts: Sequence[GpuHost],
                  balancers: Sequence[BalancerHost], gpu_host: bool = False) -> MonitorPlan:
-    """The monitor ``name``'s targets (a balancer on this very host: on loopback)."""
+    """The monitor ``name``'s targets (a balancer on this very host: on loopback, unless it
+    serves TLS: Prometheus checks its certificate against the address)."""
     fronts = tuple(Target(h.name, front_target(h)[0], h.settings.front_tls is not None)
                    for h in hosts)
     lbs = []
     for b in balancers:
-        host = "127.0.0.1" if b.name == name else b.address
+        host = "127.0.0.1" if b.name == name and b.settings.tls is None else b.address
         lbs.append(Target(b.name, f"{url_host(host)}:{b.settings.port}",
                           b.settings.tls is not None))
     tls = [h.settings.front_tls for h in hosts] + [b.settings.tls for b in balancers]

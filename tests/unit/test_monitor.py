@@ -182,3 +182,17 @@ def test_an_alertmanager_file_that_is_not_a_path_is_refused_as_such(tmp_path, mo
     assert e.value.problems == [
         f"mon1: monitor_alertmanager_file: {value!r} is not valid; allowed: a file on this "
         "(control) machine, mode 0600: Alertmanager's YAML config with route and receivers"]
+
+
+def test_a_tls_balancer_on_the_monitor_host_is_scraped_at_a_name_its_certificate_has(tmp_path):
+    key = key_file(tmp_path)
+    crt, tls_key = tls_files(tmp_path, "mon1.lan")
+    lb = validate_balancer("mon1", {"api_key_file": str(key), "balancer_port": 9443,
+                                    "balancer_tls_cert_file": str(crt),
+                                    "balancer_tls_key_file": str(tls_key)})
+    settings = validate_monitor("mon1", {"api_key_file": str(key)})
+    p = plan_monitor("mon1", settings, [gpu_host("rig-a", key, "rig-a.lan")],
+                     [BalancerHost("mon1", lb, "mon1.lan")])
+    # Prometheus checks the certificate against the target's host: 127.0.0.1 is not in it.
+    assert [(t.address, t.tls) for t in p.balancers] == [("mon1.lan:9443", True)]
+    assert p.ca_files == (str(crt),)
