@@ -84,9 +84,14 @@ def load_config(data: dict[str, Any], host: str) -> paramiko.SSHConfig | None:
 
 
 def _hop(config: paramiko.SSHConfig | None, spec: str, known: tuple[str, ...]) -> SshTarget:
-    """A ``ProxyJump`` entry (``[user@]host[:port]``), looked up in the same file."""
+    """A ``ProxyJump`` entry (``[user@]host[:port]``, IPv6 in brackets), looked up in the same
+    file."""
     user, _, hostport = spec.strip().rpartition("@")
-    host, _, port = hostport.partition(":") if hostport.count(":") == 1 else (hostport, "", "")
+    if hostport.startswith("["):
+        host, _, port = hostport[1:].partition("]")
+        port = port.removeprefix(":")
+    else:
+        host, _, port = hostport.partition(":") if hostport.count(":") == 1 else (hostport, "", "")
     return _target(config.lookup(host) if config is not None else {}, host, port, user, known)
 
 

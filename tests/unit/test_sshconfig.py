@@ -151,3 +151,12 @@ def test_the_ssh_layer_connects_where_the_file_says_through_its_hops(config, tmp
     assert (conn.host, conn.port, conn.user) == ("192.0.2.10", 2201, "ops")
     assert conn.connect_kwargs["key_filename"] == [f"{tmp_path}/id_rig"]
     assert conn.connect_kwargs["look_for_keys"] is False
+
+
+def test_a_proxyjump_hop_may_be_an_ipv6_address_in_brackets(tmp_path):
+    path = tmp_path / "ssh_config"
+    path.write_text("Host rig-v6\n    HostName fd00::10\n"
+                    "    ProxyJump ops@[fd00::1]:2022,[fd00::2]\n")
+    t = resolve("rig-v6", {"ssh_config_file": str(path)})
+    assert [(j.hostname, j.port, j.user) for j in t.jumps] == [("fd00::1", 2022, "ops"),
+                                                              ("fd00::2", 22, "root")]
