@@ -17,6 +17,7 @@ from typing import Any, TypeVar, cast
 
 from rigfleet.aptindex import AptIndex, AptIndexError, AptUnreachable, read_index
 from rigfleet.aptrepos import SUPPORTED_OS, AptRepo, os_named
+from rigfleet.balancer.plan import validate_balancer_host
 from rigfleet.bump.genesis import GenesisError, GenesisRepo
 from rigfleet.catalog import load_catalog
 from rigfleet.desired import (
@@ -27,7 +28,7 @@ from rigfleet.desired import (
     unpinned_stacks,
 )
 from rigfleet.fleetcache import validate_cache_host
-from rigfleet.hostdata import HostSettings, validate_balancer, validate_host, validate_monitor
+from rigfleet.hostdata import HostSettings, validate_host, validate_monitor
 from rigfleet.hub import Hub, HubMissing, HubUnreachable
 from rigfleet.image_sources import NO_CHECK, ImageSource
 from rigfleet.images.checks import SourceChecker, check_url
@@ -85,7 +86,7 @@ def offline(hosts: Sequence[Any]) -> Checked:
     pins_by_file: dict[tuple[str, object], Pins | None] = {}  # per catalog, as the deploy reads
     for h in hosts:
         for wanted, check in (
-                (h.kind.balancer, partial(validate_balancer, h.name, h.data, gpu_host=h.kind.gpu)),
+                (h.kind.balancer, partial(validate_balancer_host, h.name, h.groups, h.data)),
                 (h.kind.monitor, partial(validate_monitor, h.name, h.data)),
                 (h.kind.cache, partial(validate_cache_host, h.name, h.groups, h.data))):
             out.problems += _raised(check) if wanted else []

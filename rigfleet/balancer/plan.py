@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 from rigfleet.errors import RigfleetError
 from rigfleet.hostchecks import host_name_or_ip
 from rigfleet.hostdata import (
+    MONITOR_PORTS,
+    NODE_EXPORTER_PORT,
     BalancerSettings,
     HostDataError,
     HostSettings,
@@ -22,6 +24,7 @@ from rigfleet.hostdata import (
     validate_host,
 )
 from rigfleet.inventory import HostKind, host_kind
+from rigfleet.validate import Problems
 
 # Clients ask a stack by path, /stacks/<stack>/v1/...; the host's front never sees the prefix.
 STACK_PREFIX = "/stacks/"
@@ -186,10 +189,25 @@ def read_gpu_host(other: Any, kind: HostKind) -> GpuHost | None:
                    other.data.get("ssh_hostname")) if kind.gpu else None
 
 
+def validate_balancer_host(name: str, groups: Iterable[str], data: Any) -> BalancerSettings:
+    """``validate_balancer`` given the ports the host's other services take (a monitor's, a GPU
+    host's node exporter; a cache's ports are checked by the cache); ``HostDataError``."""
+    kind = host_kind(groups)
+    settings = validate_balancer(name, data, gpu_host=kind.gpu)
+    taken = sorted({*(MONITOR_PORTS if kind.monitor else ()),
+                    *((NODE_EXPORTER_PORT,) if kind.gpu else ())})
+    if settings.port in taken:
+        p = Problems(name)
+        p.bad("balancer_port", settings.port, f"a port none of this host's other services use "
+              f"({taken})", "is taken by another service of this host")
+        p.raise_if_any(HostDataError)
+    return settings
+
+
 def fleet_plan(balancer: Any, inventory: Iterable[Any]) -> BalancerPlan:
     """From every GPU host of the inventory, ``--limit`` aside."""
     name = balancer.name
-    settings = validate_balancer(name, balancer.data, gpu_host=host_kind(balancer.groups).gpu)
+    settings = validate_balancer_host(name, balancer.groups, balancer.data)
     hosts = read_fleet(name, "balancers", "the balancer cannot be built", inventory,
                        read_gpu_host, who="GPU host ")
     return plan_balancer(name, settings, hosts)

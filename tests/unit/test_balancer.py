@@ -419,3 +419,18 @@ def test_endpoints_bracket_an_ipv6_ssh_address_in_their_urls(tmp_path):
                                                 "ssh_hostname": "fd00::2"})
     assert front_url(rig, validate_host(rig.name, rig.data)) == "http://[fd00::11]:8000"
     assert balancer_url(fleet_plan(lb, [rig, lb]), lb) == "http://[fd00::2]:8080"
+
+
+@pytest.mark.parametrize(("groups", "port"), [(("balancers", "monitors"), 9090),
+                                              (("balancers", "monitors"), 9100),
+                                              (("balancers", "gpu_hosts"), 9100)])
+def test_a_balancer_port_another_service_of_its_host_takes_is_refused(tmp_path, groups, port):
+    from rigfleet.balancer.plan import fleet_plan
+
+    key = key_file(tmp_path)
+    data = {**gpu_data(key), "balancer_port": port}
+    lb = InventoryHost("lb1", groups, data)
+    rig = InventoryHost("rig-a", ("gpu_hosts",), gpu_data(key))
+    with pytest.raises(HostDataError, match=f"lb1: balancer_port: {port} is taken by another "
+                                            "service of this host"):
+        fleet_plan(lb, [rig, lb])
