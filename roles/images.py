@@ -22,7 +22,6 @@ from rigfleet.images.plan import (
     Shell,
     SourceResult,
     Step,
-    Upload,
     WantedImage,
     verify_staged,
 )
@@ -80,9 +79,7 @@ def image_staged(image: str, steps: Sequence[Step], present: str):
         host.noop(f"{image}: {present}")
         return
     for step in steps:
-        if isinstance(step, Upload):
-            yield FileUploadCommand(step.path, step.dest)
-        elif not isinstance(step, Shell):
+        if not isinstance(step, Shell):
             yield FunctionCommand(_stream, (step.path, step.command), {})
         else:  # a fleet cache's pull may fall back: a warning
             yield WarnedCommand(WARNING_MARK, step.command)

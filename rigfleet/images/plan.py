@@ -138,21 +138,14 @@ class Shell:
 
 @dataclass(frozen=True)
 class Stream:
-    """A control-side file fed over SSH into ``command``'s stdin on the host."""
+    """A control-side file fed over SSH into ``command``'s stdin on the host (never pyinfra's
+    upload: with ``_sudo`` it stages the whole file in the SSH user's temp directory first)."""
 
     path: str
     command: str
 
 
-@dataclass(frozen=True)
-class Upload:
-    """A control-side file copied to ``dest`` on the host."""
-
-    path: str
-    dest: str
-
-
-Step = Shell | Stream | Upload
+Step = Shell | Stream
 
 
 @dataclass(frozen=True)
@@ -202,7 +195,7 @@ def fetch_steps(w: WantedImage, r: SourceResult) -> tuple[Step, ...]:
         dest = posixpath.join(r.source.upload_dir, posixpath.basename(r.archive))
         q = shlex.quote(dest)
         return (Shell(f"install -d -m 0700 {shlex.quote(r.source.upload_dir)}"),
-                Upload(r.archive, dest),
+                Stream(r.archive, f"cat > {q}"),
                 Shell(f"docker load -i {q}; rc=$?; rm -f {q}; exit $rc"), tag)
     return Stream(r.archive, "docker load"), tag
 

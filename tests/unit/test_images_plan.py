@@ -12,7 +12,6 @@ from rigfleet.images.plan import (
     Shell,
     SourceResult,
     Stream,
-    Upload,
     WantedImage,
     plan_host,
     plan_image,
@@ -144,7 +143,7 @@ def test_uploaded_archive_is_loaded_then_removed() -> None:
     p = plan_image(W, presence(W, state()), [ok(UPLOAD, archive="/srv/archive/x y.tar")])
     assert p.steps == (
         Shell("install -d -m 0700 /data/up"),
-        Upload("/srv/archive/x y.tar", "/data/up/x y.tar"),
+        Stream("/srv/archive/x y.tar", "cat > '/data/up/x y.tar'"),
         Shell("docker load -i '/data/up/x y.tar'; rc=$?; rm -f '/data/up/x y.tar'; exit $rc"),
         Shell(f"docker tag {IMAGE_ID} {IMAGE}"),
     )
