@@ -65,7 +65,8 @@ class WeightsDirs(FactBase[WeightsDirsState]):
         )
         if compose_files:
             literal = re.sub(r"([.\[\]()*+?{}|^$\\])", r"\\\1", model_dir.rstrip("/"))  # in an ERE
-            pattern = shlex.quote(f"[[:space:]]{literal}/[^/[:space:]:]+:")
+            # after a space, or the quote YAML opens a scalar with (" #" in the path)
+            pattern = shlex.quote(f"[[:space:]']{literal}/[^/[:space:]:]+:")
             command += (f"; cat {shlex.join(compose_files)} 2>/dev/null | grep -oE {pattern} "
                         "| sort -u | sed 's|^.*/|ref |; s|:$||'")
         return command + "; true"

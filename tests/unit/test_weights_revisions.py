@@ -150,6 +150,24 @@ def test_the_weights_dirs_fact_on_a_real_directory(tmp_path):
     assert run.returncode == 0 and fact.process(run.stdout.splitlines()) == WeightsDirsState()
 
 
+def test_a_weights_mount_the_compose_file_quotes_is_still_read_as_mounted(tmp_path):
+    """A model_dir with " #" is single-quoted in the rendered compose file (YAML would read a
+    comment there); the revision it mounts stays mounted, never pruned under the engine."""
+    from rigfleet.compose import _Dumper
+
+    models = tmp_path / "srv #models"
+    mounted = models / revision_name(LOCAL, R)
+    mounted.mkdir(parents=True)
+    compose = tmp_path / "active.yaml"
+    compose.write_text(yaml.dump({"volumes": [f"{mounted}:/root/.cache/huggingface/{LOCAL}:ro"]},
+                                 Dumper=_Dumper, default_flow_style=False, width=100))
+    assert f"'{mounted}:" in compose.read_text()
+    fact = WeightsDirs()
+    command = fact.command(model_dir=str(models), compose_files=(str(compose),))
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert fact.process(out.stdout.splitlines()).referenced == {mounted.name}
+
+
 # --- the compose file and its config hash ---------------------------------------------------
 
 
