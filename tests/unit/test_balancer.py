@@ -257,6 +257,22 @@ def test_haproxy_accepts_the_config(tmp_path, tls):
     assert "ALERT" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.skipif(not shutil.which("haproxy"), reason="haproxy is not installed here")
+def test_a_gpu_host_whose_name_does_not_resolve_leaves_rotation_not_the_balancer(tmp_path):
+    """HAProxy resolves server names when it starts: one that does not resolve (a host gone
+    from DNS, DNS not up yet at boot) must not keep the config from passing or HAProxy from
+    starting for every other host."""
+    paths = HostPaths(config=str(tmp_path / "haproxy.cfg"), secret_dir=str(tmp_path),
+                      ca_dir=str(tmp_path / "ca"), socket=str(tmp_path / "s.sock"))
+    Path(paths.keys).write_text(keys_list(API_KEY))
+    plan = make_plan(tmp_path, STACKS, {"host1": "127.0.0.1", "host2": "rig-gone.invalid",
+                                        "host3": "127.0.0.3"})
+    Path(paths.config).write_text(render_config(plan, paths))
+    proc = subprocess.run(["haproxy", "-c", "-f", paths.config], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 # --- the runtime stats ------------------------------------------------------------------------
 
 
