@@ -176,7 +176,10 @@ class Transaction(Steps):
         window = self.ops.monotonic() - t_window
         self.timings["window_s"] = window
         self.j.event("promote", f"{new.route_id} serves (503 window {window:.1f}s)")
-        record_swap(self.lay, new.stack, boot_s, self.timings["gate_s"], window, self.drained)
+        try:
+            record_swap(self.lay, new.stack, boot_s, self.timings["gate_s"], window, self.drained)
+        except OSError as e:  # Retry-After keeps the last measured window
+            self.j.event("promote", f"timings not recorded: {fs_problem(e)}", level="warning")
         return Outcome("promoted", EXIT_PROMOTED, kind, new.stack, "", "promote",
                        serving=new.route_id, gate=gate.record(), window_s=window,
                        **self._window())
@@ -247,13 +250,17 @@ class Transaction(Steps):
                 fsync_dir(self.lay.active_dir)
             raise Failure("front", f"the front could not be switched to {new.stack}: {e}",
                           gate=gate) from None
-        ledger.append(self.lay, kind, "promoted", snapshot, host=plan.host, by=plan.by,
-                      deploy_id=plan.id, gate=gate.record(), previous=old, active=True,
-                      extra=self._window(drop_none=True))
-        ledger.update_state(self.lay, **ledger.stack_fields(snapshot), since=now_iso(),
-                            by=plan.by, deploy_id=plan.id, gate=gate.record())
-        supersede(self.lay, plan.by, f"{kind} {plan.id} promoted {snapshot.route_id}")
-        prune_snapshots(self.lay)
+        try:
+            ledger.append(self.lay, kind, "promoted", snapshot, host=plan.host, by=plan.by,
+                          deploy_id=plan.id, gate=gate.record(), previous=old, active=True,
+                          extra=self._window(drop_none=True))
+            ledger.update_state(self.lay, **ledger.stack_fields(snapshot), since=now_iso(),
+                                by=plan.by, deploy_id=plan.id, gate=gate.record())
+            supersede(self.lay, plan.by, f"{kind} {plan.id} promoted {snapshot.route_id}")
+            prune_snapshots(self.lay)
+        except OSError as e:  # it serves and active.json names it: a rollback would undo that
+            self.j.event("promote", f"{snapshot.route_id} serves; a record was not written: "
+                         f"{fs_problem(e)}", level="warning")
 
     def _rollback(self, kind: str, new: StackRef, staged: str, failure: Failure,
                   t_window: float) -> Outcome:

@@ -515,3 +515,28 @@ def test_an_unexpected_error_inside_the_window_still_rolls_back(lay):
     assert "RuntimeError: the gate module is broken" in out.reason
     assert host.running_now() == {"rigfleet-int8": "1111aaaa2222bbbb"}
     assert not lay.lock_dir.exists()
+
+
+def test_a_ledger_that_cannot_be_written_after_the_switch_does_not_undo_the_promotion(
+        lay, monkeypatch):
+    host, front, old, plan = setup_swap(lay)
+    real_append = ledger.append
+
+    def full_disk(lay_, event, result, *a, **k):
+        if result == "promoted":
+            raise OSError(28, "No space left on device", str(lay.ledger_file))
+        return real_append(lay_, event, result, *a, **k)
+
+    def no_timings(path, data, indent=2):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr("rigfleet.hostside.transaction.ledger.append", full_disk)
+    monkeypatch.setattr("rigfleet.hostside.steps.write_json", no_timings)
+    out = run(lay, host, front, plan)
+    # The front routes the new stack and active.json names it: the promotion stands.
+    assert (out.result, out.exit) == ("promoted", EXIT_PROMOTED)
+    assert host.running_now() == {"rigfleet-tq3-mtp-genesis": "3333cccc4444dddd"}
+    assert front.current() == "tq3-mtp-genesis/3333cccc4444dddd"
+    assert load_active(lay).ref.stack == "tq3-mtp-genesis"
+    assert "No space left on device" in (lay.swap_dir(plan.id) / "events.jsonl").read_text()
+
