@@ -145,7 +145,8 @@ class Transaction(Steps):
             message = f"{kind} {old.stack if old else 'nothing'} -> {new.stack} in progress"
             t_window = self.ops.monotonic()
             self.front.maintenance(message, estimate.seconds)
-        except Failure as f:  # a stage check, or the front refusing its 503
+        except (Failure, OSError) as e:  # a stage check, the front refusing its 503, the disk
+            f = e if isinstance(e, Failure) else Failure("disk", fs_problem(e))
             if f.phase != "front":
                 self.j.event("stage", f.reason, level="error")
             return Outcome("refused", EXIT_ROLLED_BACK if old else EXIT_FAILED, kind, new.stack,

@@ -540,3 +540,16 @@ def test_a_ledger_that_cannot_be_written_after_the_switch_does_not_undo_the_prom
     assert load_active(lay).ref.stack == "tq3-mtp-genesis"
     assert "No space left on device" in (lay.swap_dir(plan.id) / "events.jsonl").read_text()
 
+
+
+def test_a_full_disk_while_staging_is_refused_before_any_change(lay, monkeypatch):
+    host, front, old, plan = setup_swap(lay)
+
+    def full_disk(path, text, mode=0o644):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr("rigfleet.hostside.transaction.write_atomic", full_disk)
+    out = run(lay, host, front, plan)
+    assert (out.result, out.exit, out.phase) == ("refused", EXIT_ROLLED_BACK, "disk")
+    assert "No space left on device" in out.reason
+    assert host.calls == [] and front.routes == ["int8/1111aaaa2222bbbb"]
