@@ -263,6 +263,15 @@ class Transaction(Steps):
             self.j.event("promote", f"{snapshot.route_id} serves; a record was not written: "
                          f"{fs_problem(e)}", level="warning")
 
+    def _records(self, *writes: Callable[[], object]) -> None:
+        """A rollback's records; a disk that refuses one is said: what serves stays said."""
+        try:
+            for write in writes:
+                write()
+        except OSError as e:
+            self.j.event("rollback", f"a record was not written: {fs_problem(e)}",
+                         level="warning")
+
     def _rollback(self, kind: str, new: StackRef, staged: str, failure: Failure,
                   t_window: float) -> Outcome:
         plan, old = self.plan, self.rollback_to
@@ -284,7 +293,7 @@ class Transaction(Steps):
             if old is None:
                 self.front.maintenance("no verified stack is serving", plan.retry_after_s)
                 outcome.serving = "maintenance"
-                ledger.append(self.lay, kind, "failed", None, **line)
+                self._records(lambda: ledger.append(self.lay, kind, "failed", None, **line))
                 return outcome
             self.bring_up(old, plan.vram_timeout_s, plan.ready_timeout_s, [])
             self.answers(old)
@@ -293,15 +302,17 @@ class Transaction(Steps):
             outcome.reason = f"{failure.reason}; rollback failed too: {f2.reason}"
             outcome.serving = self.front.current()
             self.j.event("rollback", f"rollback failed: {f2.reason}", level="error")
-            ledger.append(self.lay, kind, "failed", None,
-                          **{**line, "previous": old, "reason": outcome.reason})
+            self._records(lambda: ledger.append(
+                self.lay, kind, "failed", None, **{**line, "previous": old,
+                                                   "reason": outcome.reason}))
             return outcome
         window = self.ops.monotonic() - t_window
         self.j.event("rollback", f"{old.route_id} serves again (503 window {window:.1f}s)")
         if self.image_notes:  # the old stack's tag had moved: said with the rollback
             line["extra"] = {**line["extra"], "image": "; ".join(self.image_notes)}
-        ledger.append(self.lay, kind, "rolled-back", old, **line)
-        request_reset(self.lay, plan.by, f"{kind} rolled back: {old.route_id} serves again")
+        self._records(lambda: ledger.append(self.lay, kind, "rolled-back", old, **line),
+                      lambda: request_reset(self.lay, plan.by,
+                                            f"{kind} rolled back: {old.route_id} serves again"))
         outcome.result, outcome.exit = "rolled-back", EXIT_ROLLED_BACK
         outcome.serving, outcome.window_s = old.route_id, window
         return outcome

@@ -553,3 +553,18 @@ def test_a_full_disk_while_staging_is_refused_before_any_change(lay, monkeypatch
     assert (out.result, out.exit, out.phase) == ("refused", EXIT_ROLLED_BACK, "disk")
     assert "No space left on device" in out.reason
     assert host.calls == [] and front.routes == ["int8/1111aaaa2222bbbb"]
+
+
+def test_a_rollback_whose_ledger_line_cannot_be_written_still_says_the_old_stack_serves(
+        lay, monkeypatch):
+    host, front, old, plan = setup_swap(lay)
+
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device", str(lay.ledger_file))
+
+    monkeypatch.setattr("rigfleet.hostside.transaction.ledger.append", full_disk)
+    monkeypatch.setattr("rigfleet.hostside.transaction.request_reset", full_disk)
+    out = run(lay, host, front, plan, FakeGate(failed=("needles",)))
+    assert (out.result, out.exit, out.phase) == ("rolled-back", EXIT_ROLLED_BACK, "gate")
+    assert out.serving == "int8/1111aaaa2222bbbb" == front.current()
+    assert "No space left on device" in (lay.swap_dir(plan.id) / "events.jsonl").read_text()
