@@ -159,8 +159,9 @@ class Transaction(Steps):
             window_estimate(times, new.stack, False, plan.retry_after_s), stoppable=True)
         if self.drained is not None:
             self.timings["drain_s"] = self.drained.seconds
-            if self.drained.result == "interrupted" and old is not None:
-                return self._undrain(kind, old, new)
+            # Not back to a stack a failed window left unverified: the stop rolls back (503).
+            if self.drained.result == "interrupted" and self.rollback_to is not None:
+                return self._undrain(kind, self.rollback_to, new)
         try:
             boot_s = self.bring_up(new, plan.vram_timeout_s, plan.ready_timeout_s, [
                 *([(old.project, old.compose_file)] if old else []),

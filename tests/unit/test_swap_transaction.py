@@ -568,3 +568,14 @@ def test_a_rollback_whose_ledger_line_cannot_be_written_still_says_the_old_stack
     assert (out.result, out.exit, out.phase) == ("rolled-back", EXIT_ROLLED_BACK, "gate")
     assert out.serving == "int8/1111aaaa2222bbbb" == front.current()
     assert "No space left on device" in (lay.swap_dir(plan.id) / "events.jsonl").read_text()
+
+
+def test_a_stop_request_while_draining_after_a_failed_window_leaves_the_front_at_503(lay):
+    host, front, old, plan = setup_swap(lay)
+    lay.window_file.parent.mkdir(parents=True, exist_ok=True)
+    lay.window_file.write_text("{damaged")        # nothing verified since: old is no way back
+    front.maintenance("maintenance failed", 30)
+    out = run(lay, host, front, plan, interrupted=lambda: True)
+    assert front.current() == "maintenance"
+    assert "int8/1111aaaa2222bbbb" not in front.routes[1:]
+    assert out.exit == EXIT_FAILED and out.serving == "maintenance"
