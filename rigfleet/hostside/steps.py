@@ -195,7 +195,10 @@ class Steps:
         self.j.event("drain", f"{ref.stack}: {report.line()}",
                      level="warning" if report.cut or report.result == "unknown" else "info")
         if report.waited_for_requests:  # drained, stale or timed out: never interrupted
-            record_times(self.lay, drain_s=report.seconds)
+            try:
+                record_times(self.lay, drain_s=report.seconds)
+            except OSError as e:  # a full disk: the window goes on (Retry-After: the last)
+                self.j.event("drain", f"not recorded: {fs_problem(e)}", level="warning")
             with contextlib.suppress(Failure):  # the front's own error: it still says 503
                 self.front.maintenance(message, rest.seconds, wait=False)
         return report

@@ -357,3 +357,17 @@ def test_a_long_drain_does_not_abandon_the_window(lay):
     # Held by the process the steps run in, however long the drain took.
     assert window_status(lay)[1] == "held"
     assert read_holder(lay.lock_dir)["alive"]
+
+
+def test_a_drain_time_that_cannot_be_recorded_does_not_leave_the_front_at_503(lay, monkeypatch):
+    host, front, tx = _swap(lay)
+    host.hold("rigfleet-int8", 12.0)
+
+    def full_disk(path, data, indent=2):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr("rigfleet.hostside.steps.write_json", full_disk)
+    out = tx.run()
+    assert (out.result, out.exit) == ("promoted", EXIT_PROMOTED)
+    assert out.drain["result"] == "drained"
+    assert front.current() == "tq3-mtp-genesis/3333cccc4444dddd"
