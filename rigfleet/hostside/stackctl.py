@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import re
 import subprocess
@@ -241,8 +242,8 @@ def http_request(method: str, url: str, headers: dict[str, str], body: bytes | N
             return resp.status, dict(resp.headers.items()), resp.read()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers.items()) if e.headers else {}, e.read() or b""
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        return 0, {}, str(e).encode()
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
+        return 0, {}, str(e).encode()  # HTTPException: cut off mid-answer, or not HTTP
 
 
 def read_api_key(key_file: Path, env_file: Path | None = None) -> str:

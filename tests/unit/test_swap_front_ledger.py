@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
 import subprocess
+import threading
 
 import pytest
 from swap_fakes import make_plan, make_ref
@@ -23,6 +25,7 @@ from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.plan import Plan, PlanError, compose_hash
 from rigfleet.hostside.records import ledger_tail, read_state, route
+from rigfleet.hostside.stackctl import http_request
 
 
 @pytest.fixture
@@ -255,3 +258,23 @@ def test_plan_round_trip_and_errors_naming_the_field(lay):
     assert compose_hash("    labels:\n      io.rigfleet.config-hash: 0123abcd4567ef89\n") == \
         "0123abcd4567ef89"
     assert compose_hash("io.rigfleet.config-hash: '0123abcd4567ef89'") == "0123abcd4567ef89"
+
+
+@pytest.mark.parametrize("answer", [
+    b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc",  # the engine killed mid-answer
+    b"\x15\x03\x01\x00\x02\x02\x46",                        # not HTTP (a TLS alert)
+])
+def test_a_broken_http_answer_is_no_answer_not_an_exception(answer):
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer_once() -> None:
+        conn, _ = server.accept()
+        conn.recv(4096)
+        conn.sendall(answer)
+        conn.close()
+
+    threading.Thread(target=answer_once, daemon=True).start()
+    with server:
+        status, headers, _ = http_request(
+            "GET", f"http://127.0.0.1:{server.getsockname()[1]}/metrics", {}, None, 5.0)
+    assert (status, headers) == (0, {})
