@@ -18,7 +18,7 @@ from .atomic import write_atomic
 from .front import READY_PATH
 from .layout import STACK_LABEL, SUPERVISE_UNIT, Layout
 from .maintenance import window_status
-from .plan import RETRY_AFTER_S
+from .plan import RETRY_AFTER_S, Plan, PlanError
 from .records import (
     SOURCE_GATE,
     ThroughputRecord,
@@ -218,6 +218,16 @@ def is_swap(holder: dict[str, object] | None) -> bool:
                 and holder.get("who") != SUPERVISE_UNIT)
 
 
+def _swap_plan(lay: Layout, holder: dict[str, Any] | None) -> Plan | None:
+    """The plan of the transaction that holds the lock; None for none (``ensure``, ``record``)."""
+    deploy_id = (holder or {}).get("deploy_id")
+    try:
+        return Plan.load(lay.plan_file(deploy_id)) if isinstance(deploy_id, str) \
+            and deploy_id else None
+    except PlanError:
+        return None
+
+
 def read_facts(lay: Layout, front_port: int | None, now: float | None = None) -> Facts:
     """The host's facts from its records, its engine container and its front."""
     now = time.time() if now is None else now
@@ -232,10 +242,15 @@ def read_facts(lay: Layout, front_port: int | None, now: float | None = None) ->
     # just before a swap could write "down, no swap" and fire the engine-down alert).
     engine_up = bool(stack) and engine_running(str(stack))
     ready = front_ready(front_port)
-    swapping = is_swap(read_holder(lay.lock_dir))
+    holder = read_holder(lay.lock_dir)
+    swapping = is_swap(holder)
     times = read_timings(lay)
-    expected = (float(window_estimate(times, stack, True, RETRY_AFTER_S).seconds)
-                if swapping and stack else None)
+    # A swap's window is its desired stack's, as its own Retry-After said (its plan).
+    plan = _swap_plan(lay, holder) if swapping else None
+    target = plan.desired.stack if plan else stack
+    expected = (float(window_estimate(times, target, True, plan.retry_after_s if plan
+                                      else RETRY_AFTER_S).seconds)
+                if swapping and target else None)
     window, status, _ = window_status(lay)
     window_open = status in ("held", "abandoned")
     supervisor = read_supervisor(lay.supervise_state, now) or {}

@@ -193,3 +193,30 @@ def test_a_swap_holds_the_host_but_the_supervisor_recreating_a_dead_engine_does_
         finally:
             lock.release()
     assert not metrics.is_swap(None)
+
+
+def test_a_running_swap_is_expected_to_take_its_desired_stacks_window(tmp_path, monkeypatch):
+    """RigNotReady waits for the window the swap itself said (Retry-After): the desired
+    stack's boot and gate, not the serving stack's."""
+    from swap_fakes import make_plan, make_ref
+
+    from rigfleet.hostside.lock import HostLock
+    from rigfleet.hostside.steps import record_times
+
+    lay = Layout(tmp_path)
+    lay.state_dir.mkdir(parents=True)
+    lay.state_file.write_text(json.dumps({"stack": "int8", "digest": "sha256:cd"}))
+    record_times(lay, "int8", boot_s=20.0, gate_s=10.0, overhead_s=5.0)
+    record_times(lay, "tq3-mtp-genesis", boot_s=300.0, gate_s=100.0)
+    plan = make_plan(lay, make_ref(lay, "tq3-mtp-genesis", "3333cccc4444dddd"))
+    lay.plan_file(plan.id).parent.mkdir(parents=True, exist_ok=True)
+    lay.plan_file(plan.id).write_text(plan.dumps())
+    monkeypatch.setattr(metrics, "engine_running", lambda stack: False)
+    monkeypatch.setattr(metrics, "front_ready", lambda port: False)
+    lock = HostLock(lay)
+    assert lock.acquire("alice@laptop", "swap int8 -> tq3-mtp-genesis", plan.id) is None
+    try:
+        f = metrics.read_facts(lay, 8000, now=1_800_000_000.0)
+    finally:
+        lock.release()
+    assert f.swap_in_progress and f.swap_expected_s == 405.0
