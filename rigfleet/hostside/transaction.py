@@ -240,16 +240,18 @@ class Transaction(Steps):
         previous = load_active(self.lay) if old is not None else None
         # Record first, then switch: after a crash between the two, "active" names the
         # running, verified stack, and the boot-time ensure routes the front to it.
-        snapshot = write_active(self.lay, Active(new, now_iso(), plan.id, plan.by, gate.record()),
-                                Path(staged).read_text()).ref
         try:
+            snapshot = write_active(self.lay, Active(new, now_iso(), plan.id, plan.by,
+                                                     gate.record()), Path(staged).read_text()).ref
             self.front.serve(snapshot)
-        except FrontError as e:
+        except (FrontError, OSError) as e:  # the rollback's stack is the active one again
             if previous is not None:
                 write_active(self.lay, previous)
             else:
                 self.lay.active_json.unlink(missing_ok=True)
                 fsync_dir(self.lay.active_dir)
+            if isinstance(e, OSError):  # half written on a full disk (its active.json, link)
+                raise
             raise Failure("front", f"the front could not be switched to {new.stack}: {e}",
                           gate=gate) from None
         try:

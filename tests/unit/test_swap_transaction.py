@@ -579,3 +579,17 @@ def test_a_stop_request_while_draining_after_a_failed_window_leaves_the_front_at
     assert front.current() == "maintenance"
     assert "int8/1111aaaa2222bbbb" not in front.routes[1:]
     assert out.exit == EXIT_FAILED and out.serving == "maintenance"
+
+
+def test_an_active_record_half_written_at_promotion_is_put_back_with_the_rollback(
+        lay, monkeypatch):
+    host, front, old, plan = setup_swap(lay)
+
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device", str(dst))
+
+    monkeypatch.setattr("rigfleet.hostside.active.os.symlink", full_disk)
+    out = run(lay, host, front, plan)
+    assert (out.result, out.phase) == ("rolled-back", "disk")
+    assert front.current() == "int8/1111aaaa2222bbbb"
+    assert load_active(lay).ref.route_id == "int8/1111aaaa2222bbbb"  # what serves
