@@ -279,8 +279,10 @@ class Transaction(Steps):
                   t_window: float) -> Outcome:
         plan, old = self.plan, self.rollback_to
         gate, boot = failure.gate, failure.boot
-        self.j.event("rollback", f"{failure.phase} failed: {failure.reason}; back to "
-                     f"{old.stack if old else 'nothing (first activation)'}", level="error")
+        back = old.stack if old else "nothing (first activation)" if kind == "activate" \
+            else "nothing verified (the front stays at 503)"
+        self.j.event("rollback", f"{failure.phase} failed: {failure.reason}; back to {back}",
+                     level="error")
         if kept := self.keep_log(new, self.dir):
             self.j.event("rollback", f"kept {new.stack}'s log in {kept}")
         line: dict[str, Any] = dict(

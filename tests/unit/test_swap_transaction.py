@@ -593,3 +593,14 @@ def test_an_active_record_half_written_at_promotion_is_put_back_with_the_rollbac
     assert (out.result, out.phase) == ("rolled-back", "disk")
     assert front.current() == "int8/1111aaaa2222bbbb"
     assert load_active(lay).ref.route_id == "int8/1111aaaa2222bbbb"  # what serves
+
+
+def test_a_failure_after_a_failed_window_does_not_call_itself_a_first_activation(lay):
+    host, front, old, plan = setup_swap(lay)
+    lay.window_file.parent.mkdir(parents=True, exist_ok=True)
+    lay.window_file.write_text("{damaged")        # nothing verified since: old is no way back
+    out = run(lay, host, front, plan, FakeGate(failed=("needles",)))
+    assert (out.result, out.exit, front.current()) == ("failed", EXIT_FAILED, "maintenance")
+    events = (lay.swap_dir(plan.id) / "events.jsonl").read_text()
+    assert "first activation" not in events
+    assert "int8/1111aaaa2222bbbb is not verified" in events
