@@ -283,7 +283,8 @@ class SystemOps:
         return self._error(["docker", "rm", "--force", name], 120.0)
 
     def running(self) -> list[str]:
-        return run_cmd(["docker", "ps", "--format", "{{.Names}}"], 30.0)[1].split()
+        rc, out = run_cmd(["docker", "ps", "--format", "{{.Names}}"], 30.0)
+        return out.split() if rc == 0 else []
 
     def compose_check(self, file: str, project: str) -> str | None:
         return self._error(compose(file, project, "config", "-q"), 60.0)

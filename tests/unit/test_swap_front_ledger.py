@@ -25,7 +25,7 @@ from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.plan import Plan, PlanError, compose_hash
 from rigfleet.hostside.records import ledger_tail, read_state, route
-from rigfleet.hostside.stackctl import http_request
+from rigfleet.hostside.stackctl import SystemOps, http_request
 
 
 @pytest.fixture
@@ -278,3 +278,12 @@ def test_a_broken_http_answer_is_no_answer_not_an_exception(answer):
         status, headers, _ = http_request(
             "GET", f"http://127.0.0.1:{server.getsockname()[1]}/metrics", {}, None, 5.0)
     assert (status, headers) == (0, {})
+
+
+def test_running_containers_are_never_docker_s_error_words(monkeypatch):
+    error = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock."
+    monkeypatch.setattr("rigfleet.hostside.stackctl.run_cmd", lambda argv, timeout=0: (1, error))
+    assert SystemOps().running() == []
+    monkeypatch.setattr("rigfleet.hostside.stackctl.run_cmd",
+                        lambda argv, timeout=0: (0, "rigfleet-int8\nother\n"))
+    assert SystemOps().running() == ["rigfleet-int8", "other"]
