@@ -222,12 +222,15 @@ def run(argv: Sequence[str], timeout: float | None = 30, env: dict[str, str] | N
 
 
 def run_cmd(argv: list[str], timeout: float = 120.0) -> tuple[int, str]:
-    """(exit status, stdout+stderr); a missing binary is 127, a timeout 124, never raised."""
+    """(exit status, stdout+stderr); a missing binary is 127, one that cannot start 126, a
+    timeout 124, never raised."""
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                               check=False)
     except FileNotFoundError:
         return 127, f"{argv[0]}: not found"
+    except OSError as e:  # not executable, or no memory left to start it
+        return 126, f"{argv[0]}: {e.strerror or e}"
     except subprocess.TimeoutExpired:
         return 124, f"{' '.join(argv[:4])}...: timed out after {timeout:g}s"
     return proc.returncode, (proc.stdout or "") + (proc.stderr or "")

@@ -25,7 +25,7 @@ from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.plan import Plan, PlanError, compose_hash
 from rigfleet.hostside.records import ledger_tail, read_state, route
-from rigfleet.hostside.stackctl import SystemOps, http_request
+from rigfleet.hostside.stackctl import SystemOps, http_request, run_cmd
 
 
 @pytest.fixture
@@ -287,3 +287,11 @@ def test_running_containers_are_never_docker_s_error_words(monkeypatch):
     monkeypatch.setattr("rigfleet.hostside.stackctl.run_cmd",
                         lambda argv, timeout=0: (0, "rigfleet-int8\nother\n"))
     assert SystemOps().running() == ["rigfleet-int8", "other"]
+
+
+def test_a_command_that_cannot_be_started_is_an_exit_status_not_an_exception(tmp_path):
+    script = tmp_path / "nginx"
+    script.write_text("#!/bin/sh\nexit 0\n")  # not executable (mode 0644)
+    rc, out = run_cmd([str(script), "-t"], 5.0)
+    assert rc == 126 and "Permission denied" in out and str(script) in out
+    assert run_cmd([str(tmp_path / "missing")], 5.0) == (127, f"{tmp_path}/missing: not found")
