@@ -199,13 +199,15 @@ class Transaction(Steps):
 
     def _undrain(self, kind: str, old: StackRef, new: StackRef) -> Outcome:
         """Stopped while draining: nothing was stopped yet, the old stack serves again."""
-        reason = "asked to stop while draining: nothing was stopped"
+        reason, code = "asked to stop while draining: nothing was stopped", EXIT_ROLLED_BACK
         try:
             self.front.serve(old)
-        except FrontError as e:
+            said = f"{reason}; {old.route_id} serves again"
+        except FrontError as e:  # it runs, unrouted: nothing verified serves
             reason += f"; the front could not be routed back to {old.route_id}: {e}"
-        self.j.event("drain", f"{reason}; {old.route_id} serves again", level="warning")
-        return Outcome("refused", EXIT_ROLLED_BACK, kind, new.stack, reason, "drain",
+            said, code = reason, EXIT_FAILED
+        self.j.event("drain", said, level="warning")
+        return Outcome("refused", code, kind, new.stack, reason, "drain",
                        serving=self.front.current(), **self._window())
 
     def _stage(self, new: StackRef, old: StackRef | None) -> str:

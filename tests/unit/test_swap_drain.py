@@ -27,6 +27,7 @@ from rigfleet.hostside.maintenance import Maintenance
 from rigfleet.hostside.plan import DEFAULT_DRAIN_TIMEOUT_S
 from rigfleet.hostside.steps import (
     DEFAULT_OVERHEAD_S,
+    EXIT_FAILED,
     EXIT_PROMOTED,
     StackTimes,
     Timings,
@@ -371,3 +372,15 @@ def test_a_drain_time_that_cannot_be_recorded_does_not_leave_the_front_at_503(la
     assert (out.result, out.exit) == ("promoted", EXIT_PROMOTED)
     assert out.drain["result"] == "drained"
     assert front.current() == "tq3-mtp-genesis/3333cccc4444dddd"
+
+
+def test_a_stop_request_while_draining_that_cannot_route_back_says_nothing_serves(lay):
+    host, front, tx = _swap(lay)
+    host.hold("rigfleet-int8", 100.0)
+    calls = iter(range(1000))
+    tx.interrupted = lambda: next(calls) >= 5  # type: ignore[method-assign]
+    front.fail_on = "int8"                     # nginx refuses the route back
+    out = tx.run()
+    assert (out.result, out.phase, out.serving) == ("refused", "drain", "maintenance")
+    assert out.exit == EXIT_FAILED and "could not be routed back" in out.reason
+    assert "serves again" not in (lay.swap_dir(tx.plan.id) / "events.jsonl").read_text()
