@@ -149,8 +149,8 @@ class Transaction(Steps):
             f = e if isinstance(e, Failure) else Failure("disk", fs_problem(e))
             if f.phase != "front":
                 self.j.event("stage", f.reason, level="error")
-            return Outcome("refused", EXIT_ROLLED_BACK if old else EXIT_FAILED, kind, new.stack,
-                           f"refused before any change: {f.reason}", f.phase,
+            return Outcome("refused", EXIT_ROLLED_BACK if self.rollback_to else EXIT_FAILED,
+                           kind, new.stack, f"refused before any change: {f.reason}", f.phase,
                            serving=self.front.current())
         self.retry_after_s = estimate.seconds
         # What the front accepted before the 503 finishes on the old stack first.

@@ -604,3 +604,13 @@ def test_a_failure_after_a_failed_window_does_not_call_itself_a_first_activation
     events = (lay.swap_dir(plan.id) / "events.jsonl").read_text()
     assert "first activation" not in events
     assert "int8/1111aaaa2222bbbb is not verified" in events
+
+
+def test_a_refusal_after_a_failed_window_says_nothing_verified_serves(lay):
+    host, front, old, plan = setup_swap(lay)
+    lay.window_file.parent.mkdir(parents=True, exist_ok=True)
+    lay.window_file.write_text("{damaged")        # nothing verified since: old is no way back
+    front.maintenance("maintenance failed", 30)
+    host.images = {old.image_ref}                 # the new image is not staged
+    out = run(lay, host, front, plan)
+    assert (out.result, out.exit, out.serving) == ("refused", EXIT_FAILED, "maintenance")
