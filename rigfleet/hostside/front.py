@@ -141,7 +141,12 @@ class Front:
             self.run(["systemctl", "reload", "nginx"], 30.0)
             raise FrontError(f"nginx reload failed for route {route_id}: {out.strip()[-400:]}")
         if wait:
-            self._wait_for(route_id, master, before)
+            try:
+                self._wait_for(route_id, master, before)
+            except FrontError:  # said as "the previous route is still in place": so it is
+                self._restore(old)
+                self.run(["systemctl", "reload", "nginx"], 30.0)
+                raise
 
     def _master(self) -> str:
         rc, out = self.run(["systemctl", "show", "--value", "-p", "MainPID", "nginx"], 10.0)

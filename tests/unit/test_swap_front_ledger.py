@@ -295,3 +295,17 @@ def test_a_command_that_cannot_be_started_is_an_exit_status_not_an_exception(tmp
     rc, out = run_cmd([str(script), "-t"], 5.0)
     assert rc == 126 and "Permission denied" in out and str(script) in out
     assert run_cmd([str(tmp_path / "missing")], 5.0) == (127, f"{tmp_path}/missing: not found")
+
+
+def test_a_switch_the_front_never_shows_puts_the_previous_route_back(lay):
+    """FrontError says the previous route is still in place: a swap refused at its 503 must
+    not leave the host out of rotation."""
+    ref = make_ref(lay, "int8", "1111aaaa2222bbbb")
+    front(lay, Nginx(lay)).serve(ref)
+    before = lay.front_route.read_text()
+    nginx = Nginx(lay, lag=10**6)
+    with pytest.raises(FrontError, match="still answers 200 route 'int8/old'"):
+        Front(lay, 8000, nginx.run, nginx.http, api_key="k3y", settle_s=0.01,
+              sleep=lambda s: None).maintenance("x", 1)
+    assert lay.front_route.read_text() == before
+    assert nginx.commands[-1] == ["systemctl", "reload", "nginx"] and nginx.live == ref.route_id
