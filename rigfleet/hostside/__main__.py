@@ -245,7 +245,7 @@ def cmd_record(args: argparse.Namespace, lay: Layout) -> int:
     try:
         tracked = json.loads(args.json)
         what = record_pins(lay, tracked, args.config_hash, args.by, args.deploy_id, args.host)
-    except (ValueError, PlanError, LockHeld) as e:
+    except (ValueError, PlanError, LockHeld, OSError) as e:  # OSError: a full disk
         print(f"rigfleet-host record: {e}", file=sys.stderr)
         return 1
     print(f"rigfleet-host record: {what}")

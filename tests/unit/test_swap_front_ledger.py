@@ -309,3 +309,16 @@ def test_a_switch_the_front_never_shows_puts_the_previous_route_back(lay):
               sleep=lambda s: None).maintenance("x", 1)
     assert lay.front_route.read_text() == before
     assert nginx.commands[-1] == ["systemctl", "reload", "nginx"] and nginx.live == ref.route_id
+
+
+def test_record_on_a_full_disk_says_why_without_a_traceback(lay, capsys, monkeypatch):
+    from rigfleet.hostside.__main__ import main
+
+    def full_disk(self, *a, **k):
+        raise OSError(28, "No space left on device", str(lay.lock_dir))
+
+    monkeypatch.setattr("rigfleet.hostside.lock.HostLock.acquire", full_disk)
+    rc = main(["--root", str(lay.root), "record", "--json", '{"stack": "int8"}',
+               "--config-hash", "1111aaaa2222bbbb"])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.startswith("rigfleet-host record: ") and "No space left" in err
