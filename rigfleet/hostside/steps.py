@@ -199,7 +199,8 @@ class Steps:
                 record_times(self.lay, drain_s=report.seconds)
             except OSError as e:  # a full disk: the window goes on (Retry-After: the last)
                 self.j.event("drain", f"not recorded: {fs_problem(e)}", level="warning")
-            with contextlib.suppress(Failure):  # the front's own error: it still says 503
+            # The front's own error, or its route file on a full disk: it still says 503.
+            with contextlib.suppress(Failure, OSError):
                 self.front.maintenance(message, rest.seconds, wait=False)
         return report
 

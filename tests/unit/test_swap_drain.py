@@ -384,3 +384,19 @@ def test_a_stop_request_while_draining_that_cannot_route_back_says_nothing_serve
     assert (out.result, out.phase, out.serving) == ("refused", "drain", "maintenance")
     assert out.exit == EXIT_FAILED and "could not be routed back" in out.reason
     assert "serves again" not in (lay.swap_dir(tx.plan.id) / "events.jsonl").read_text()
+
+
+def test_a_503_that_cannot_be_rewritten_after_the_drain_does_not_stop_the_swap(lay):
+    host, front, tx = _swap(lay)
+    host.hold("rigfleet-int8", 12.0)
+    said = front.maintenance
+
+    def full_etc(message: str, retry_after_s: int, wait: bool = True) -> None:
+        if not wait:  # the rest of the window, once drained: the route file on a full disk
+            raise OSError(28, "No space left on device", str(lay.front_route))
+        said(message, retry_after_s, wait)
+
+    front.maintenance = full_etc  # type: ignore[method-assign]
+    out = tx.run()
+    assert (out.result, out.exit) == ("promoted", EXIT_PROMOTED)
+    assert out.drain["result"] == "drained"
