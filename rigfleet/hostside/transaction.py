@@ -203,7 +203,7 @@ class Transaction(Steps):
         try:
             self.front.serve(old)
             said = f"{reason}; {old.route_id} serves again"
-        except FrontError as e:  # it runs, unrouted: nothing verified serves
+        except (FrontError, OSError) as e:  # it runs, unrouted: nothing verified serves
             reason += f"; the front could not be routed back to {old.route_id}: {e}"
             said, code = reason, EXIT_FAILED
         self.j.event("drain", said, level="warning")

@@ -400,3 +400,19 @@ def test_a_503_that_cannot_be_rewritten_after_the_drain_does_not_stop_the_swap(l
     out = tx.run()
     assert (out.result, out.exit) == ("promoted", EXIT_PROMOTED)
     assert out.drain["result"] == "drained"
+
+
+def test_a_stop_request_while_draining_on_a_full_disk_says_the_front_stays_at_503(lay):
+    host, front, tx = _swap(lay)
+    host.hold("rigfleet-int8", 100.0)
+    calls = iter(range(1000))
+    tx.interrupted = lambda: next(calls) >= 5  # type: ignore[method-assign]
+
+    def full_etc(ref, wait: bool = True) -> None:
+        raise OSError(28, "No space left on device", str(lay.front_route))
+
+    front.serve = full_etc  # type: ignore[method-assign]
+    out = tx.run()
+    assert (out.result, out.phase, out.exit, out.serving) == (
+        "refused", "drain", EXIT_FAILED, "maintenance")
+    assert "No space left on device" in out.reason
