@@ -1,1 +1,2 @@
-"""Code that runs ON the hosts: stdlib only, Python >= 3.11 (shipped as a zipapp, no pip)."""
+"""Code that runs ON the hosts: stdlib only, Python >= 3.10 (Ubuntu 22.04's), shipped as a
+zipapp, no pip."""

@@ -16,11 +16,23 @@ import time
 import types
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar, Self, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    TypeVar,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 from .layout import ROUTE_MARK, Layout
+
+if TYPE_CHECKING:  # Python 3.11's; the host tool runs on 3.10 too (Ubuntu 22.04)
+    from typing import Self
 
 # The pins a stack runs, as state.json and every ledger line record them.
 TRACKED_KEYS = (
@@ -35,7 +47,7 @@ HALF_WRITTEN_LOCK_S = 30.0
 
 def now_iso(at: float | None = None, suffix: str = "+00:00") -> str:
     """Seconds in ISO 8601, UTC, of ``at`` (epoch seconds; None: now); ``suffix`` "Z" for Zulu."""
-    return datetime.fromtimestamp(time.time() if at is None else at, UTC).isoformat(
+    return datetime.fromtimestamp(time.time() if at is None else at, timezone.utc).isoformat(
         timespec="seconds").replace("+00:00", suffix)
 
 

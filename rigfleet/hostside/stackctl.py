@@ -92,7 +92,9 @@ def docker_time(text: str) -> float | None:
     m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?", text.strip())
     if not m or m.group(1).startswith("0001-"):
         return None
-    return datetime.fromisoformat(m.group(1) + (m.group(3) or "Z")).timestamp()
+    # "+00:00", not "Z": Python 3.10's fromisoformat (Ubuntu 22.04's) does not read "Z"
+    zone = m.group(3) or "Z"
+    return datetime.fromisoformat(m.group(1) + ("+00:00" if zone == "Z" else zone)).timestamp()
 
 
 @dataclass(frozen=True)
