@@ -31,6 +31,8 @@ from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
 from rigfleet.tlsfiles import private
 from rigfleet.validate import (
     SYSTEM_DIRS,
+    TOKEN_ALLOWED,
+    TOKEN_CHARS,
     Problems,
     env_vars,
     escapes,
@@ -42,10 +44,6 @@ from rigfleet.validate import (
 # Any GPU's sane power cap; the card's own min..max is checked at deploy time.
 POWER_CAP_RANGE_W = (50, 600)
 MIN_API_KEY_CHARS = 16
-# A secret (API key, HF token) ends up in an env file, an HTTP header file and an nginx regex:
-# token characters (RFC 6750 b64token) keep all three safe; host data and preflight share it.
-TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
-TOKEN_ALLOWED = "letters, digits and -._~+/="
 _ADDRESS = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
 _HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})")
 URL_ALLOWED = "an http:// or https:// URL with a host, e.g. 'http://mirror.lan:5000'"

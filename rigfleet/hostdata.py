@@ -22,7 +22,6 @@ from rigfleet.hostchecks import (
     MIN_API_KEY_CHARS,
     POWER_CAP_RANGE_W,
     REQUIRED,
-    TOKEN_ALLOWED,
     URL_ALLOWED,
     HostChecker,
     Key,
@@ -39,7 +38,7 @@ from rigfleet.hostside.verify.profiles import PROFILES
 from rigfleet.image_sources import DEFAULT_SOURCES, KINDS, ImageSource, parse_sources
 from rigfleet.keytable import write_docs
 from rigfleet.tlsfiles import FrontTls, check_tls
-from rigfleet.validate import GIT_URL, Problems, ValidationError
+from rigfleet.validate import GIT_URL, TOKEN_ALLOWED, Problems, ValidationError
 
 _FLAG = "true or false (on the command line: --data KEY=1)"
 _SECRET = f"a file on this (control) machine, mode 0600, one line of {TOKEN_ALLOWED}"

@@ -13,6 +13,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rigfleet.validate import TOKEN_ALLOWED, TOKEN_CHARS
+
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
 
@@ -46,8 +48,6 @@ class Hub:
 
     @cached_property
     def api(self) -> HfApi:
-        from rigfleet.hostchecks import TOKEN_ALLOWED, TOKEN_CHARS
-
         token = ""  # never printed
         if self.token_file:
             try:

@@ -38,6 +38,10 @@ _PRINTABLE = "printable text (no line breaks, escapes or other control character
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # The words YAML 1.1 (PyYAML) reads as booleans, unquoted, in any of its cases.
 _YAML_BOOLS = {True: ("on", "yes", "true"), False: ("off", "no", "false")}
+# A secret (API key, HF token) ends up in an env file, an HTTP header file and an nginx regex:
+# token characters (RFC 6750 b64token) keep all three safe; host data, preflight and the hub.
+TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
+TOKEN_ALLOWED = "letters, digits and -._~+/="
 GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
 
 # Directories a path from the inventory must never be (the deploy would own or chmod them).

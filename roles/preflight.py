@@ -35,7 +35,6 @@ from rigfleet.facts import (
     read_fact,
     read_services,
 )
-from rigfleet.hostchecks import TOKEN_ALLOWED, TOKEN_CHARS
 from rigfleet.hostdata import (
     AptRepo,
     BalancerSettings,
@@ -52,6 +51,7 @@ from rigfleet.oporder import fast_operation_order
 from rigfleet.packages import OsInfo
 from rigfleet.resources import deployed_by
 from rigfleet.scrape import METRICS_UNIT, NODE_EXPORTER
+from rigfleet.validate import TOKEN_ALLOWED, TOKEN_CHARS
 from roles.ops import Secret
 
 # The units the roles check (systemd.service, unit_started), read in one round trip.

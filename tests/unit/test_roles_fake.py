@@ -922,7 +922,7 @@ def test_api_key_with_nginx_unsafe_characters_is_refused(data, tmp_path):
     key.write_text('abc"def;' + "x" * 20 + "\n")
     os.chmod(key, 0o600)
     run = deploy(FakeRig("debian13"), {**data, "api_key_file": str(key)}, execute=False)
-    # Host data's check refuses it first, by the deploy's own rule (hostchecks.TOKEN_CHARS).
+    # Host data's check refuses it first, by the deploy's own rule (validate.TOKEN_CHARS).
     assert "api_key_file" in (run.refused or "")
     assert "holds characters outside the allowed set" in (run.refused or "")
     assert "abc" not in (run.refused or "")
