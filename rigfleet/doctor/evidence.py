@@ -136,12 +136,20 @@ def parse_evidence(host: str, section: Mapping[str, Any]) -> Evidence:
     load = section.get("load") or {}
     acc = load.get("acceptance") or {}
     per_pos = acc.get("per_position") if isinstance(acc, dict) else None
+    decode = load.get("decode_mean") if isinstance(load.get("decode_mean"), int | float) else None
     return Evidence(
         host=host, stack=section.get("stack"), cards=tuple(cards),
         engine=section.get("engine") or {}, enforce_eager=bool(section.get("enforce_eager")),
         mounts=tuple((str(m.get("source")), str(m.get("destination")))
                      for m in section.get("mounts") or () if isinstance(m, dict)),
-        load_decode=load.get("decode_mean") if isinstance(load.get("decode_mean"),
-                                                          int | float) else None,
+        load_decode=decode,
         load_acceptance=tuple(float(x) for x in per_pos) if isinstance(per_pos, list) else None,
-        error=str(section.get("error") or ""))
+        error=str(section.get("error") or "") or ("" if decode is not None else _unmeasured(load)))
+
+
+def _unmeasured(load: Mapping[str, Any]) -> str:
+    """Why a load that measured no decode speed is no evidence (its first run failed)."""
+    runs = [r for r in load.get("runs") or () if isinstance(r, dict)]
+    first = (f" (first run: HTTP {runs[0].get('http_status')}"
+             + (f": {runs[0]['error']}" if runs[0].get("error") else "") + ")") if runs else ""
+    return f"the load measured no decode speed{first}"

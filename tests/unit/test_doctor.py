@@ -320,3 +320,23 @@ def test_doctor_refuses_a_load_that_is_not_seconds(value, capsys):
         build_parser().parse_args(["doctor", "--load-s", value])
     assert exc.value.code == 2 and "--load-s" in capsys.readouterr().err
     assert build_parser().parse_args(["doctor", "--load-s", "2.5"]).load_s == 2.5
+
+
+def test_a_load_that_measured_nothing_is_not_an_ok_host(tmp_path):
+    """A server that answers /v1/models but decodes nothing is not "ok": the host could not be
+    examined (exit 2), and the report says why."""
+    from test_swap_plan import host_data
+
+    from rigfleet.hostdata import validate_host
+
+    broken = section([row(0)], [[row(0)]], lines=PIECEWISE_LOG, decode=None)
+    broken["load"]["runs"] = [{"http_status": 500, "error": "CUDA out of memory"}]
+    settings = validate_host("rig-a", host_data(tmp_path))
+    d = examine("rig-a", HostProbe({"state": {"stack": "single-fp8-mtp"}, "doctor": broken}),
+                settings)
+    judge_fleet([d])
+    assert d.error == ("the load measured no decode speed (first run: HTTP 500: CUDA out of "
+                       "memory)")
+    out = io.StringIO()
+    render([d], "rigfleet doctor").print(Console(file=out, width=200, color_system=None))
+    assert "ok" not in out.getvalue().split("rig-a", 1)[1].splitlines()[0]
