@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -367,13 +368,14 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
     deadline = time.monotonic() + p.soak_timeout_s
     turns: list[_Turn] = []
     base_seed = random.SystemRandom().randrange(2**31)
+    stop = threading.Event()  # Ctrl-C: no session sends another turn
 
     def session(idx: int) -> None:
         rng = random.Random(base_seed + idx)
         msgs: prompts.Messages = [{"role": "system", "content": "You are a helpful, concise "
                                    "assistant for software engineers."}]
         for t in range(p.soak_turns):
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or stop.is_set():
                 return
             msgs.append({"role": "user", "content": prompts.soak_turn(rng, idx, t)})
             max_tokens = rng.randint(p.soak_turn_min_tokens, p.soak_turn_max_tokens)
@@ -392,7 +394,10 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
             msgs.append({"role": "assistant", "content": res.content})
 
     with ThreadPoolExecutor(max_workers=p.soak_concurrency, thread_name_prefix="soak") as pool:
-        list(pool.map(session, range(p.soak_sessions)))
+        try:
+            list(pool.map(session, range(p.soak_sessions)))
+        finally:
+            stop.set()
 
     planned = p.soak_sessions * p.soak_turns
     n = len(turns)

@@ -1,0 +1,55 @@
+"""The gate's checks against stand-in clients (no server): their judgements and their waits."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from rigfleet.hostside.verify import checks
+from rigfleet.hostside.verify.client import ChatResult
+from rigfleet.hostside.verify.profiles import resolve
+from rigfleet.hostside.verify.report import CheckResult
+
+
+class StubClient:
+    """Answers every chat with ``reply`` after ``delay_s``; ``on_first`` runs on the first."""
+
+    def __init__(self, reply: ChatResult, delay_s: float = 0.0, on_first: Any = None):
+        self.reply, self.delay_s, self.on_first = reply, delay_s, on_first
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def chat(self, body: dict[str, Any], timeout: float, stream: bool = False) -> ChatResult:
+        with self._lock:
+            self.calls += 1
+            first = self.calls == 1
+        if first and self.on_first:
+            self.on_first()
+        time.sleep(self.delay_s)
+        return self.reply
+
+
+HEALTHY = ChatResult(200, content="Sure: the function returns the sum of both numbers.",
+                     usage={"completion_tokens": 12, "prompt_tokens": 40}, finish_reason="stop",
+                     ttft=0.01)
+
+
+def test_ctrl_c_during_the_soak_stops_the_sessions_in_flight():
+    """Ctrl-C in the soak: the sessions whose request was in flight went on sending their
+    remaining turns in the background (up to soak_turns requests each, minutes apiece), and
+    the process, "verify: interrupted" printed, could not exit before them; now each stops
+    after the request it is waiting for."""
+    main = threading.main_thread().ident
+    assert main is not None
+    client = StubClient(HEALTHY, delay_s=0.1,
+                        on_first=lambda: signal.pthread_kill(main, signal.SIGINT))
+    prof = resolve("fast", ["soak_sessions=20", "soak_turns=5", "soak_concurrency=2"])
+    ctx = checks.Context(client, prof)  # type: ignore[arg-type]
+    with pytest.raises(KeyboardInterrupt):
+        checks.soak(ctx, CheckResult("soak", "Soak"))
+    time.sleep(0.8)  # the in-flight sessions' other turns would be sent by now
+    assert client.calls <= prof.soak_concurrency
