@@ -122,3 +122,20 @@ def test_a_malformed_completion_is_a_failed_result_not_a_traceback(body):
     res = _parse_completion(200, body, 0.1)
     assert not res.ok and res.error.startswith("malformed response:")
     assert "choices" in res.error
+
+
+def test_a_url_password_stays_out_of_transport_errors(tmp_path, capsys):
+    """``--url http://user:password@host`` (no port): urllib reads ``password@host`` as the
+    port, and its "nonnumeric port: 'password@host'" went into the gate's finding, its
+    reports and its progress line, though the report's URL was redacted."""
+    from rigfleet.hostside.verify.runner import main
+
+    secret = "s3cret-pw"
+    url = f"http://alice:{secret}@127.0.0.1"
+    res = Client(url).request("GET", "/health", timeout=2)
+    assert res.status == 0 and res.error and secret not in res.error
+    assert main(["--url", url, "--profile", "fast", "--set", "health_wait_s=0",
+                 "--report-dir", str(tmp_path)]) == 1
+    written = "".join(p.read_text() for p in tmp_path.iterdir())
+    assert "GET /health" in written and secret not in written
+    assert secret not in capsys.readouterr().err

@@ -114,14 +114,16 @@ class Client:
         return urllib.request.Request(self.base_url + path, data=data, headers=headers,
                                       method=method)
 
-    @staticmethod
-    def _transport_error(exc: BaseException) -> str:
-        """The socket layer's text (never the request headers)."""
+    def _transport_error(self, exc: BaseException) -> str:
+        """The socket layer's text (never the request headers, nor the URL's password: urllib
+        takes ``password@host`` of a URL without a port for the port)."""
         if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError):
             exc = exc.reason if isinstance(exc.reason, BaseException) else exc
         if isinstance(exc, TimeoutError | socket.timeout):
             return "timed out"
-        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        password = urllib.parse.urlsplit(self.base_url).password
+        return text.replace(password, "***") if password else text
 
     def _failure(self, exc: Exception, t0: float) -> HttpResult:
         """An HTTP error status with its body, or a transport problem (status 0)."""
