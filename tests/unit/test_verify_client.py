@@ -139,3 +139,16 @@ def test_a_url_password_stays_out_of_transport_errors(tmp_path, capsys):
     written = "".join(p.read_text() for p in tmp_path.iterdir())
     assert "GET /health" in written and secret not in written
     assert secret not in capsys.readouterr().err
+
+
+def test_an_api_key_file_that_is_not_text_is_a_usage_error_naming_it(tmp_path, capsys):
+    """``--api-key-file`` naming a binary file (a key store, a wrong path) said only "'utf-8'
+    codec can't decode byte 0xff in position 0": neither the flag nor the file."""
+    from rigfleet.hostside.verify.runner import EXIT_USAGE, main
+
+    key = tmp_path / "key.bin"
+    key.write_bytes(b"\xff\xfe\x00key")
+    with pytest.raises(SystemExit) as exc:
+        main(["--url", "http://127.0.0.1:9", "--api-key-file", str(key), "--quiet"])
+    assert exc.value.code == EXIT_USAGE
+    assert f"--api-key-file {key}: not UTF-8 text" in capsys.readouterr().err

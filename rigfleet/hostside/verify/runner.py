@@ -213,6 +213,8 @@ def read_api_key(spec: str) -> str:
         key = sys.stdin.readline() if spec == "-" else Path(spec).read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"cannot read --api-key-file {spec}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"--api-key-file {spec}: not UTF-8 text") from None
     key = key.strip()
     if not key:
         raise ValueError(f"--api-key-file {spec}: empty")
