@@ -97,6 +97,7 @@ def test_an_unloadable_ca_file_is_a_usage_error_naming_it(tmp_path, monkeypatch,
     b'{"choices":[null]}', b'{"choices":"abc"}', b'{"choices":{"0":{}}}',
     b'{"choices":[{"delta":"x"}]}', b'{"choices":[{"delta":{"content":5}}]}',
     b'{"choices":[{"delta":{"tool_calls":[{"function":{"name":5}}]}}]}',
+    b'{"choices":[{"delta":{"tool_calls":[{"index":null},{"index":0}]}}]}',
 ])
 def test_a_malformed_stream_event_is_a_failed_result_not_a_traceback(event):
     """The client never raises for a server's answer: a chunk whose ``choices`` is not a list

@@ -290,7 +290,9 @@ def check_ca_file(ca_file: str | None = None) -> None:
 
 def _merge_tool_delta(calls: dict[int, dict[str, Any]], tc: dict[str, Any]) -> None:
     """Streamed tool calls come in pieces keyed by index: name first, arguments in parts."""
-    call = calls.setdefault(tc.get("index", len(calls)), {
+    if not isinstance(index := tc.get("index", len(calls)), int):
+        raise TypeError("tool call index is not an integer")  # they are sorted at the end
+    call = calls.setdefault(index, {
         "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
     if tc.get("id"):
         call["id"] = tc["id"]
