@@ -423,3 +423,18 @@ def test_inventory_refuses_the_flags_it_would_ignore(extra, flag, monkeypatch, c
                         lambda path: pytest.fail("refused before the inventory is read"))
     assert rigfleet_main(["bench", "--inventory", "inv.py", *extra]) == 2
     assert flag in " ".join(capsys.readouterr().err.split())
+
+
+def test_host_bench_refuses_a_report_dir_it_cannot_write_before_benching(tmp_path, capsys):
+    """``rigfleet-host.pyz bench --report-dir DIR`` where DIR cannot be made: a usage error
+    naming it before any request (it was a NotADirectoryError traceback once the bench's
+    minutes were spent), as ``rigfleet bench --out`` does."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with PacedServer(FAST) as srv:
+        with pytest.raises(SystemExit) as exc:
+            host_cli.main(["--url", srv.url, "--runs", "1", "--warmup", "0", "--quiet",
+                           "--report-dir", str(blocker / "reports")])
+        assert srv.state.requests == 0
+    assert exc.value.code == 2
+    assert f"--report-dir {blocker / 'reports'}:" in capsys.readouterr().err

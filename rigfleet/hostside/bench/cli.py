@@ -97,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         stack = active.ref.stack
         url = f"http://127.0.0.1:{active.ref.port}"
         key = read_api_key(lay.api_key_file, lay.vllm_env_file) or None
+    if args.report_dir:
+        try:  # before the bench runs, not after its minutes are spent
+            args.report_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            p.error(f"--report-dir {args.report_dir}: {e.strerror or e}")
     settings = BenchSettings(runs=args.runs, warmup=args.warmup, timeout_s=args.timeout_s,
                              concurrency=args.concurrency, depths=args.depths)
     started = now_iso(suffix="Z")
