@@ -153,3 +153,19 @@ def test_an_api_key_file_that_is_not_text_is_a_usage_error_naming_it(tmp_path, c
         main(["--url", "http://127.0.0.1:9", "--api-key-file", str(key), "--quiet"])
     assert exc.value.code == EXIT_USAGE
     assert f"--api-key-file {key}: not UTF-8 text" in capsys.readouterr().err
+
+
+def test_a_report_dir_that_cannot_be_made_is_a_usage_error_before_the_gate(tmp_path, capsys):
+    """``rigfleet verify --report-dir DIR`` where DIR cannot be made: the gate ran every check
+    (an hour in the full profile) and then exited 102 "cannot write the report"; now it is a
+    usage error naming the directory before any request."""
+    from rigfleet.hostside.verify.runner import EXIT_USAGE, main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        main(["--url", "http://127.0.0.1:9", "--profile", "fast", "--set", "health_wait_s=0",
+              "--report-dir", str(blocker / "reports")])
+    assert exc.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"--report-dir {blocker / 'reports'}:" in err and "GET /health" not in err

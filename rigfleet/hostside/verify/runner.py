@@ -193,6 +193,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             raise ValueError(f"--url {args.url}: expected http://HOST:PORT or https://...")
         key = read_api_key(args.api_key_file) if args.api_key_file else None
         check_ca_file(args.ca_file)
+        try:  # before the gate runs, not after its checks' hour is spent
+            args.report_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"--report-dir {args.report_dir}: {exc.strerror or exc}") from None
     except ValueError as exc:
         p.error(str(exc))
     progress = ConsoleProgress(None if args.quiet else sys.stderr)
