@@ -438,3 +438,18 @@ def test_host_bench_refuses_a_report_dir_it_cannot_write_before_benching(tmp_pat
         assert srv.state.requests == 0
     assert exc.value.code == 2
     assert f"--report-dir {blocker / 'reports'}:" in capsys.readouterr().err
+
+
+def test_a_baseline_bench_that_measured_nothing_says_it_was_not_accepted(tmp_path, capsys):
+    """Every run failing: exit 1 with no word on stderr, so ``rigfleet bench --accept-baseline``
+    could show only the tail of the host's JSON (its "stdout then stderr") as the reason."""
+    lay = Layout(tmp_path)
+    with PacedServer(Pace(step_rate=2000.0, prefill_s=0.001,
+                          fail_requests=tuple(range(1, 10)))) as srv:
+        activate(lay, int(srv.url.rsplit(":", 1)[1]))
+        rc = host_cli.main(["--root", str(tmp_path), "--accept-baseline", "--runs", "2",
+                            "--warmup", "0", "--json", "--quiet"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "not accepted as single-fp8-mtp's baseline (narrative: 0 of 2 runs measured" in err
+    assert read_throughput_history(lay.throughput_history) == []
