@@ -119,6 +119,11 @@ def power(ev: Evidence, exp: Expect) -> Cause | None:
                  "seed 004 (43 -> 33 tok/s, 330 -> 230 W); club-3090 HARDWARE.md")
 
 
+def _n(v: float | None) -> str:
+    """A figure nvidia-smi may report as [N/A]."""
+    return "?" if v is None else f"{v:.0f}"
+
+
 def _bw(gen: float, width: float) -> float:
     return LANE_GBPS.get(int(gen), LANE_GBPS[1]) * width
 
@@ -134,8 +139,8 @@ def pcie(ev: Evidence, exp: Expect) -> Cause | None:
         card_gen = c.gen_gpumax or RTX3090_LINK[0]
         evidence.append(
             f"gpu{c.index}: gen{gen:.0f} x{width:.0f} under load (slot allows gen"
-            f"{c.gen_max or '?':.0f} x{c.width_max or 0:.0f}; the card gen{card_gen:.0f} "
-            f"x{RTX3090_LINK[1]}; gen{c.gen_idle or 0:.0f} at idle)"
+            f"{_n(c.gen_max)} x{_n(c.width_max)}; the card gen{card_gen:.0f} "
+            f"x{RTX3090_LINK[1]}; gen{_n(c.gen_idle)} at idle)"
             + (f", utilization {c.utilization:.0f}%" if c.utilization is not None else ""))
         worst = min(worst, _bw(gen, width) / ref)
     if worst >= 0.999:

@@ -340,3 +340,21 @@ def test_a_load_that_measured_nothing_is_not_an_ok_host(tmp_path):
     out = io.StringIO()
     render([d], "rigfleet doctor").print(Console(file=out, width=200, color_system=None))
     assert "ok" not in out.getvalue().split("rig-a", 1)[1].splitlines()[0]
+
+
+def test_a_pcie_field_the_driver_reports_as_n_a_is_a_question_mark_not_a_crash():
+    """nvidia-smi's "[N/A]" for the slot's PCIe generation (a VM, a riser, an older driver)
+    ended the whole doctor in "error: Unknown format code 'f' for object of type 'str'"."""
+    from rigfleet.hostside.bench.evidence import GPU_FIELDS
+
+    def na(r: list[str]) -> list[str]:
+        r[GPU_FIELDS.index("pcie.link.gen.max")] = "[N/A]"
+        r[GPU_FIELDS.index("pcie.link.width.max")] = "[N/A]"
+        return r
+
+    ev = parse_evidence("rig-2", section([na(row(0, gen=1)), na(row(1, gen=1))],
+                                         [[na(row(0, gen=3)), na(row(1, gen=3))]],
+                                         lines=FULL_LOG, stack="tq3-mtp-genesis"))
+    assert ev.cards[0].gen_max is None and ev.cards[0].gen_load == 3.0
+    link = by_id(diagnose(ev, DUAL_EXPECT))["pcie-link"]
+    assert link.kind == CAUSE and "slot allows gen? x?" in link.evidence[0]
