@@ -201,7 +201,8 @@ def clocks(ev: Evidence, exp: Expect) -> Cause | None:
         impact = 0.0 if exp.tp >= 2 else max(0.0, 1.0 - single_card_speed(AIR_THROTTLE_W)
                                              / single_card_speed(SINGLE_CARD_CURVE[-1][0]))
         if any("sw_thermal_slowdown" in c.reasons for c in hot):
-            ratio = min((c.clocks_sm or 0) / c.clocks_max_sm for c in hot if c.clocks_max_sm)
+            ratio = min(((c.clocks_sm or 0) / c.clocks_max_sm for c in hot if c.clocks_max_sm),
+                        default=0.0)
             impact = max(impact, 1.0 - ratio / 0.9) if ratio else impact
         return Cause("thermal", "cards run hot under load", CAUSE if impact > 0.02 else INFO,
                      impact, tuple(f"gpu{c.index}: up to {c.temperature_max or 0:.0f} °C"

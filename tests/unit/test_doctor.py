@@ -358,3 +358,16 @@ def test_a_pcie_field_the_driver_reports_as_n_a_is_a_question_mark_not_a_crash()
     assert ev.cards[0].gen_max is None and ev.cards[0].gen_load == 3.0
     link = by_id(diagnose(ev, DUAL_EXPECT))["pcie-link"]
     assert link.kind == CAUSE and "slot allows gen? x?" in link.evidence[0]
+
+
+def test_thermal_slowdown_without_a_max_clock_is_judged_not_a_crash():
+    """sw_thermal_slowdown on a card whose clocks.max.sm is [N/A]: min() of no ratio ended the
+    whole doctor in "error: min() arg is an empty sequence"."""
+    from rigfleet.hostside.bench.evidence import GPU_FIELDS
+
+    hot = row(0, temp=86, reasons=("sw_thermal_slowdown",))
+    hot[GPU_FIELDS.index("clocks.max.sm")] = "[N/A]"
+    ev = parse_evidence("rig-1", section([row(0, pstate="P8")], [[hot]], lines=FULL_LOG))
+    assert ev.cards[0].clocks_max_sm is None
+    thermal = by_id(diagnose(ev, SINGLE_EXPECT))["thermal"]
+    assert "gpu0: up to 86 °C, sw_thermal_slowdown" in thermal.evidence
