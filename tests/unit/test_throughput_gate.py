@@ -168,3 +168,22 @@ def test_runs_that_fail_fail_the_gate_even_when_one_run_measured(tmp_path):
             assert "narrative: 2/3 runs" in msg and "HTTP 503: engine overloaded" in msg
             assert check.details["shapes"]["narrative"]["decode_mean"]
     assert read_throughput_history(Layout(tmp_path).throughput_history) == []
+
+
+def test_floors_left_unchecked_for_want_of_per_position_counters_say_so(tmp_path):
+    """A vLLM with spec-decode counters but none per draft position: the acceptance floors are
+    not judged (unknown is not 0), and the report says so as it does without /metrics; it
+    said nothing, and the summary read "acceptance  (AL 2.53)"."""
+    with PacedServer(FAST) as srv:
+        full = srv.render_metrics
+
+        def no_positions() -> str:
+            return "".join(ln + "\n" for ln in full().splitlines() if "per_pos" not in ln)
+
+        srv.render_metrics = no_positions  # type: ignore[method-assign]
+        n, c = expected_tok_s(FAST, "narrative"), expected_tok_s(FAST, "code")
+        rep, check = gate(srv.url, tmp_path, *host_sets(tmp_path, n, c))
+    assert check.status == "pass", check.summary
+    assert check.details["acceptance_note"] == (
+        "floors not checked: no per-position acceptance in /metrics")
+    assert "acceptance  (" not in check.summary and "acceptance AL " in check.summary

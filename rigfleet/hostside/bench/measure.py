@@ -154,7 +154,8 @@ class Acceptance:
     rate: float | None = None
 
     def __str__(self) -> str:
-        return "/".join(f"{x:.0%}" for x in self.per_position) + f" (AL {self.length:.2f})"
+        positions = "/".join(f"{x:.0%}" for x in self.per_position)
+        return f"{positions} (AL {self.length:.2f})" if positions else f"AL {self.length:.2f}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"drafts": self.drafts, "length": round(self.length, 3),

@@ -519,8 +519,9 @@ def throughput(ctx: Context, out: CheckResult) -> CheckResult:
                    "baseline": base.to_dict(), "history_records": len(history),
                    "limits": encode(limits),
                    "shapes": {k: v.to_dict() for k, v in results.items()}}
-    if code.acceptance is None and limits.acceptance_floor:
-        out.details["acceptance_note"] = f"floors not checked: {code.acceptance_note}"
+    if acceptance is None and limits.acceptance_floor:
+        out.details["acceptance_note"] = "floors not checked: " + (
+            code.acceptance_note or "no per-position acceptance in /metrics")
     ctx.throughput_record = bench.result.record(
         p.throughput_stack or ctx.model, result=out.status, acceptance=acceptance,
         scale=p.throughput_scale, baseline=base.to_dict(), version=ctx.version)
