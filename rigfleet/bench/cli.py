@@ -304,7 +304,8 @@ def render(entries: list[Entry]) -> Table:
         base = e.baseline.figures.get("narrative") if e.baseline else None
         nd = n.decode_mean if n else None
         table.row(e.host, e.stack or "-", cell(nd), cell(c.decode_mean if c else None), cv,
-                  "/".join(f"{x:.0%}" for x in acc.per_position) if acc else "unknown",
+                  ("/".join(f"{x:.0%}" for x in acc.per_position) or str(acc)) if acc
+                  else "unknown",
                   ratio(nd, e.reference.get("narrative")),
                   ratio(nd, medians.get(e.stack or "", {}).get("narrative")), ratio(nd, base))
         if e.error:

@@ -453,3 +453,27 @@ def test_a_baseline_bench_that_measured_nothing_says_it_was_not_accepted(tmp_pat
     err = capsys.readouterr().err
     assert "not accepted as single-fp8-mtp's baseline (narrative: 0 of 2 runs measured" in err
     assert read_throughput_history(lay.throughput_history) == []
+
+
+def test_an_acceptance_without_per_position_counters_shows_its_length_not_a_blank(capsys):
+    """A vLLM with spec-decode counters but none per draft position: the acceptance length is
+    known, yet ``rigfleet bench``'s table and the host bench's summary showed an empty cell."""
+    from rigfleet.hostside.bench.measure import Acceptance, BenchResult, ShapeResult
+    from rigfleet.hostside.bench.report import Entry
+
+    result = BenchResult("http://rig-a:8000", shapes={
+        "narrative": ShapeResult("narrative"),
+        "code": ShapeResult("code", acceptance=Acceptance(drafts=900, length=2.53))})
+    out = io.StringIO()
+    bench_cli.render([Entry("rig-a", "int8", result)]).print(
+        Console(file=out, width=200, color_system=None))
+    row = next(ln for ln in out.getvalue().splitlines() if ln.startswith("rig-a"))
+    assert "AL 2.53" in row
+    with PacedServer(FAST) as srv:
+        full = srv.render_metrics
+        srv.render_metrics = lambda: "".join(  # type: ignore[method-assign]
+            ln + "\n" for ln in full().splitlines() if "per_pos" not in ln)
+        assert host_cli.main(["--url", srv.url, "--runs", "2", "--warmup", "0"]) == 0
+    code_line = next(ln for ln in capsys.readouterr().err.splitlines()
+                     if ln.startswith("bench: code:"))
+    assert code_line.split("acceptance ")[1].startswith("AL ")

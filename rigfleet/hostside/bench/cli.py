@@ -128,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             decode = "-" if s.decode_mean is None else f"{s.decode_mean:.1f} tok/s"
             cv = "n/a" if s.decode_cv is None else f"{s.decode_cv:.1%}"
             print(f"bench: {name}: decode {decode}, CV {cv}, acceptance "
-                  + ("/".join(f"{x:.0%}" for x in s.acceptance.per_position)
-                     if s.acceptance else s.acceptance_note or "unknown"), file=sys.stderr)
+                  + (("/".join(f"{x:.0%}" for x in s.acceptance.per_position)
+                      or str(s.acceptance)) if s.acceptance else s.acceptance_note or "unknown"),
+                  file=sys.stderr)
         if record:
             print(f"bench: accepted as {stack}'s baseline in {lay.throughput_history}",
                   file=sys.stderr)
