@@ -45,11 +45,11 @@ def test_ctrl_c_during_the_soak_stops_the_sessions_in_flight():
     after the request it is waiting for."""
     main = threading.main_thread().ident
     assert main is not None
-    client = StubClient(HEALTHY, delay_s=0.1,
+    client = StubClient(HEALTHY, delay_s=0.25,
                         on_first=lambda: signal.pthread_kill(main, signal.SIGINT))
     prof = resolve("fast", ["soak_sessions=20", "soak_turns=5", "soak_concurrency=2"])
     ctx = checks.Context(client, prof)  # type: ignore[arg-type]
     with pytest.raises(KeyboardInterrupt):
         checks.soak(ctx, CheckResult("soak", "Soak"))
-    time.sleep(0.8)  # the in-flight sessions' other turns would be sent by now
+    time.sleep(1.0)  # the in-flight sessions' other turns would be sent by now
     assert client.calls <= prof.soak_concurrency
