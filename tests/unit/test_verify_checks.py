@@ -53,3 +53,13 @@ def test_ctrl_c_during_the_soak_stops_the_sessions_in_flight():
         checks.soak(ctx, CheckResult("soak", "Soak"))
     time.sleep(1.0)  # the in-flight sessions' other turns would be sent by now
     assert client.calls <= prof.soak_concurrency
+
+
+def test_a_repeated_line_finding_counts_the_repeats_it_saw():
+    """A line 8 times in a row was reported as repeating "5 times" (the limit, not the run)."""
+    from rigfleet.hostside.verify.health import detect_repeated_line
+
+    found = detect_repeated_line("Intro.\n" + "I will check the file.\n" * 8 + "Done.",
+                                 resolve("full"))
+    assert found is not None
+    assert found.message == "the line 'I will check the file.' repeats 8 times in a row"

@@ -103,8 +103,8 @@ def detect_repeated_line(text: str, prof: Profile) -> Finding | None:
     lines = [s for s in map(str.strip, text.splitlines()) if any(ch.isalnum() for ch in s)]
     n = max(prof.health_line_repeats, 2)  # one line on its own does not repeat
     for s, run in itertools.groupby(lines):
-        if len(list(run)) >= n:
-            return Finding("repeated_line", f"the line {s[:60]!r} repeats {n} times in a row",
+        if (count := len(list(run))) >= n:
+            return Finding("repeated_line", f"the line {s[:60]!r} repeats {count} times in a row",
                            evidence=s[:80])
     return None
 
