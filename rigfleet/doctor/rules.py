@@ -191,8 +191,8 @@ def clocks(ev: Evidence, exp: Expect) -> Cause | None:
                                "hw_power_brake_slowdown"} & set(c.reasons)]
     if hw:
         return Cause("clocks", "hardware slowdown under load", CAUSE, HW_SLOWDOWN_COST, tuple(
-            f"gpu{c.index}: {', '.join(c.reasons)}; {c.temperature_max or 0:.0f} °C; SM "
-            f"{c.clocks_sm or 0:.0f}/{c.clocks_max_sm or 0:.0f} MHz" for c in hw),
+            f"gpu{c.index}: {', '.join(c.reasons)}; {_n(c.temperature_max)} °C; SM "
+            f"{_n(c.clocks_sm)}/{_n(c.clocks_max_sm)} MHz" for c in hw),
             "check cooling (temperature), the PSU and its cables (power brake)",
             "nvidia-smi: HW slowdown reduces the core clocks by a factor of 2 or more")
     hot = [c for c in cards if "sw_thermal_slowdown" in c.reasons
@@ -205,7 +205,7 @@ def clocks(ev: Evidence, exp: Expect) -> Cause | None:
                         default=0.0)
             impact = max(impact, 1.0 - ratio / 0.9) if ratio else impact
         return Cause("thermal", "cards run hot under load", CAUSE if impact > 0.02 else INFO,
-                     impact, tuple(f"gpu{c.index}: up to {c.temperature_max or 0:.0f} °C"
+                     impact, tuple(f"gpu{c.index}: up to {_n(c.temperature_max)} °C"
                                    + (", sw_thermal_slowdown" if "sw_thermal_slowdown"
                                       in c.reasons else "") for c in hot),
                      "improve airflow or fan curves; air-cooled 3090s throttle from ~80 °C",

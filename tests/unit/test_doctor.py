@@ -371,3 +371,16 @@ def test_thermal_slowdown_without_a_max_clock_is_judged_not_a_crash():
     assert ev.cards[0].clocks_max_sm is None
     thermal = by_id(diagnose(ev, SINGLE_EXPECT))["thermal"]
     assert "gpu0: up to 86 °C, sw_thermal_slowdown" in thermal.evidence
+
+
+def test_clock_evidence_without_a_temperature_or_clocks_says_unknown_not_zero():
+    """A card in HW slowdown whose temperature and clocks nvidia-smi reports as [N/A] read
+    "0 °C; SM 0/0 MHz" in the evidence, figures the card never showed."""
+    from rigfleet.hostside.bench.evidence import GPU_FIELDS
+
+    slow = row(0, reasons=("hw_slowdown",))
+    for f in ("temperature.gpu", "clocks.sm", "clocks.max.sm"):
+        slow[GPU_FIELDS.index(f)] = "[N/A]"
+    ev = parse_evidence("rig-1", section([row(0, pstate="P8")], [[slow]], lines=FULL_LOG))
+    clocks = by_id(diagnose(ev, SINGLE_EXPECT))["clocks"]
+    assert clocks.evidence == ("gpu0: hw_slowdown; ? °C; SM ?/? MHz",)
