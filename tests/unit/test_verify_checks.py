@@ -63,3 +63,14 @@ def test_a_repeated_line_finding_counts_the_repeats_it_saw():
                                  resolve("full"))
     assert found is not None
     assert found.message == "the line 'I will check the file.' repeats 8 times in a row"
+
+
+def test_a_soak_turn_without_an_http_answer_says_so():
+    """A soak turn that timed out or lost its connection was reported as "HTTP 0: timed out",
+    a status no server sent; the other checks say "no HTTP answer"."""
+    client = StubClient(ChatResult(0, error="timed out"))
+    ctx = checks.Context(client, resolve("fast", ["soak_sessions=1", "soak_turns=2"]))  # type: ignore[arg-type]
+    out = checks.soak(ctx, CheckResult("soak", "Soak"))
+    assert out.status == "fail"
+    assert [(f.name, f.message, f.where) for f in out.findings] == [
+        ("turn_error", "no HTTP answer: timed out", "s1t1")]

@@ -418,8 +418,8 @@ def soak(ctx: Context, out: CheckResult) -> CheckResult:
         max_prompt_tokens=max(contexts) if contexts else None,
         reference_levels={"warn": "1-49% silent-empty", "fail": ">=50% silent-empty"},
     )
-    out.findings += [Finding("turn_error", f"HTTP {t.res.status}: {t.res.error_message()[:200]}",
-                             t.where) for t in errors[:5]]
+    out.findings += [replace(_http_finding(t.res, t.where), name="turn_error")
+                     for t in errors[:5]]
     if len(errors) > 5:
         out.findings.append(Finding("turn_error", f"... and {len(errors) - 5} more failed turns"))
     if n and rate_silent >= p.soak_fail_rate:
