@@ -74,3 +74,30 @@ def test_a_soak_turn_without_an_http_answer_says_so():
     assert out.status == "fail"
     assert [(f.name, f.message, f.where) for f in out.findings] == [
         ("turn_error", "no HTTP answer: timed out", "s1t1")]
+
+
+def test_throughput_runs_without_an_http_answer_say_so():
+    """Throughput runs that timed out read "(first: HTTP 0: timed out)" in the gate's finding
+    and "a run measured nothing (HTTP 0: timed out)" in the bench's note."""
+    from rigfleet.hostside.bench.measure import CODE, Bench, BenchSettings
+
+    class Notes(checks.Progress):
+        def __init__(self) -> None:
+            self.notes: list[str] = []
+
+        def note(self, text: str) -> None:
+            self.notes.append(text)
+
+    class NoMetrics(StubClient):
+        base_url = "http://rig-a:8000"
+
+        def request(self, *args: Any, **kwargs: Any) -> ChatResult:
+            return ChatResult(404)
+
+    progress = Notes()
+    bench = Bench(NoMetrics(ChatResult(0, error="timed out")),  # type: ignore[arg-type]
+                  BenchSettings(runs=2, warmup=0), progress)
+    result = bench.shape(CODE)
+    assert progress.notes == ["code: a run measured nothing (no HTTP answer: timed out)"]
+    assert checks._failed_runs(result).message == (
+        "code: 2/2 runs measured nothing (first: no HTTP answer: timed out)")

@@ -123,6 +123,13 @@ class RunResult:
         return tokens / (self.seconds - self.first_token_s) if tokens > 0 else None
 
     @property
+    def why(self) -> str:
+        """What the run got instead of a measurement, as the gate words it."""
+        if not self.status:
+            return f"no HTTP answer: {self.error}"
+        return f"HTTP {self.status}" + (f": {self.error}" if self.error else "")
+
+    @property
     def wall_tok_s(self) -> float | None:
         return (self.completion_tokens or 0) / self.seconds if self.ok and self.seconds else None
 
@@ -399,8 +406,7 @@ class Bench:
             last = now
         out.acceptance, out.acceptance_note = acceptance_between(before, last, self.result.model)
         for r in out.failed[:1]:
-            self.note(f"{shape.name}: a run measured nothing (HTTP {r.status}"
-                      + (f": {r.error}" if r.error else "") + ")")
+            self.note(f"{shape.name}: a run measured nothing ({r.why})")
         return out
 
     def concurrency(self, streams: int) -> ConcurrencyResult:
@@ -439,7 +445,7 @@ class Bench:
             res = self._chat(sized.messages, DEPTH_MAX_TOKENS, 0.6, f"depth {depth}")
             row.run = RunResult.of("depth", res)
             if not row.run.ok:
-                row.note = f"failed: HTTP {res.status} {row.run.error}"[:300]
+                row.note = f"failed: {row.run.why}"[:300]
         return out
 
     def run(self) -> BenchResult:

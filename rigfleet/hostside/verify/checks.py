@@ -530,10 +530,8 @@ def throughput(ctx: Context, out: CheckResult) -> CheckResult:
 
 
 def _failed_runs(res: ShapeResult) -> Finding:
-    first = res.failed[0]
-    why = f"HTTP {first.status}" + (f": {first.error}" if first.error else "")
     return Finding("failed_runs", f"{res.shape}: {len(res.failed)}/{len(res.runs)} runs "
-                                  f"measured nothing (first: {why})", res.shape)
+                                  f"measured nothing (first: {res.failed[0].why})", res.shape)
 
 
 def _summary(measured: dict[str, ShapeFigures | None], base: Baseline, code: ShapeResult,
