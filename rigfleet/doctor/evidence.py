@@ -150,6 +150,8 @@ def parse_evidence(host: str, section: Mapping[str, Any]) -> Evidence:
 def _unmeasured(load: Mapping[str, Any]) -> str:
     """Why a load that measured no decode speed is no evidence (its first run failed)."""
     runs = [r for r in load.get("runs") or () if isinstance(r, dict)]
-    first = (f" (first run: HTTP {runs[0].get('http_status')}"
-             + (f": {runs[0]['error']}" if runs[0].get("error") else "") + ")") if runs else ""
-    return f"the load measured no decode speed{first}"
+    if not runs:
+        return "the load measured no decode speed"
+    why = (f"HTTP {runs[0]['http_status']}" if runs[0].get("http_status") else "no HTTP answer")
+    return (f"the load measured no decode speed (first run: {why}"
+            + (f": {runs[0]['error']})" if runs[0].get("error") else ")"))

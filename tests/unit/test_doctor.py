@@ -340,6 +340,9 @@ def test_a_load_that_measured_nothing_is_not_an_ok_host(tmp_path):
     out = io.StringIO()
     render([d], "rigfleet doctor").print(Console(file=out, width=200, color_system=None))
     assert "ok" not in out.getvalue().split("rig-a", 1)[1].splitlines()[0]
+    broken["load"]["runs"] = [{"http_status": 0, "error": "timed out"}]
+    assert parse_evidence("rig-a", broken).error == (
+        "the load measured no decode speed (first run: no HTTP answer: timed out)")
 
 
 def test_a_pcie_field_the_driver_reports_as_n_a_is_a_question_mark_not_a_crash():
