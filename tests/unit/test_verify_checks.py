@@ -44,13 +44,18 @@ def test_ctrl_c_during_the_soak_stops_the_sessions_in_flight():
     the process, "verify: interrupted" printed, could not exit before them; now each stops
     after the request it is waiting for."""
     main = threading.main_thread().ident
-    assert main is not None
+    assert main is not None and threading.current_thread() is threading.main_thread()
     client = StubClient(HEALTHY, delay_s=0.25,
                         on_first=lambda: signal.pthread_kill(main, signal.SIGINT))
     prof = resolve("fast", ["soak_sessions=20", "soak_turns=5", "soak_concurrency=2"])
     ctx = checks.Context(client, prof)  # type: ignore[arg-type]
-    with pytest.raises(KeyboardInterrupt):
-        checks.soak(ctx, CheckResult("soak", "Soak"))
+    # Ctrl-C as Python answers it (pytest-xdist's workers ignore SIGINT).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            checks.soak(ctx, CheckResult("soak", "Soak"))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     time.sleep(1.0)  # the in-flight sessions' other turns would be sent by now
     assert client.calls <= prof.soak_concurrency
 
