@@ -277,6 +277,9 @@ class Catalog:
         """Loopback port -> stack name (each stack has its own)."""
         return {spec.port: name for name, spec in self.stacks.items()}
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Catalog:
+        return self  # read-only all through (its mappings are proxies): a copy is the same
+
 
 def entrypoint_script(layout: GenesisLayout, runtime_packages: tuple[str, ...]) -> str:
     """The container's ``/bin/bash -c <script> -- <vllm args>`` (docs/genesis.md)."""

@@ -387,6 +387,10 @@ def test_pins_of_a_users_stack_are_saved_with_the_catalog_they_were_read_with(
     pins = load_pins(path, catalog=load_catalog([stacks]))
     saved = save_pins(pins, {"action": "bump"})
     assert saved.serial == 4 and "mine" in load_pins(path, catalog=load_catalog([stacks])).stacks
+    # Pins that carry their catalog still copy deeply (the twin copies pins it fills in).
+    import copy
+
+    assert copy.deepcopy(pins) == pins and copy.deepcopy(pins).catalog is pins.catalog
 
 
 def test_save_pins_refuses_invalid_content(tmp_path: Path) -> None:
