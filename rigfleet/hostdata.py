@@ -38,7 +38,7 @@ from rigfleet.hostside.verify.profiles import PROFILES
 from rigfleet.image_sources import DEFAULT_SOURCES, KINDS, ImageSource, parse_sources
 from rigfleet.keytable import write_docs
 from rigfleet.tlsfiles import FrontTls, check_tls
-from rigfleet.validate import GIT_URL, TOKEN_ALLOWED, Problems, ValidationError
+from rigfleet.validate import GIT_URL_ALLOWED, TOKEN_ALLOWED, Problems, ValidationError
 
 _FLAG = "true or false (on the command line: --data KEY=1)"
 _SECRET = f"a file on this (control) machine, mode 0600, one line of {TOKEN_ALLOWED}"
@@ -128,8 +128,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         on="any", group="Sources", shown_default="[]"),
     Key("bump_registry", _url, None, URL_ALLOWED, "the registry v2 rigfleet bump looks for "
         "candidates in", group="Bump", shown_default="Docker Hub"),
-    Key("bump_genesis_url", valid_if(lambda v: isinstance(v, str) and GIT_URL.fullmatch(v)),
-        None, "a git URL (https://, http://, ssh://, git://, file:// or user@host:path)",
+    Key("bump_genesis_url", lambda c, key, value: c.git_url(key.name, value, required=False), None,
+        GIT_URL_ALLOWED,
         "where this machine fetches Genesis when the pinned URL is not reachable from it",
         group="Bump"),
     Key("bump_mirror", _url, None, URL_ALLOWED, "the registry rigfleet bump --push-mirror "

@@ -10,6 +10,7 @@ import sys
 
 from rigfleet.genesis_inspect import GENERATIONS
 from rigfleet.keytable import Key, KeyTable, write_docs
+from rigfleet.validate import GIT_URL_ALLOWED
 
 SCHEMA = "rigfleet-pins/1"
 # The placeholder for values only a registry or hub can tell (``rigfleet pins lock``).
@@ -76,7 +77,7 @@ KEYS: tuple[Key, ...] = (
        "Genesis, refused for one that does not.",
        "{repo: <git url>, commit: <40-hex>} (this stack needs Genesis)"),
     _K(f"{_STACK}.genesis.repo", "string", "Its git URL.",
-       "a git URL (https://, http://, ssh://, git://, file:// or user@host:path)",
+       GIT_URL_ALLOWED,
        required=True),
     _K(f"{_STACK}.genesis.commit", "string", "The full commit (a v7 commit may be reachable "
        "only from a branch such as `dev`).", COMMIT, required=True),

@@ -20,7 +20,7 @@ from rigfleet.genesis_inspect import GENERATIONS
 from rigfleet.hostside.atomic import write_atomic
 from rigfleet.pin_keys import SCHEMA, TABLE, UNRESOLVED, allowed, default
 from rigfleet.registry import DIGEST
-from rigfleet.validate import GIT_URL, Problems, ValidationError, YamlError, load_yaml, parse_yaml
+from rigfleet.validate import Problems, ValidationError, YamlError, load_yaml, parse_yaml
 from rigfleet.vllm_versions import NIGHTLY_TAG
 
 LOCK_HINT = "run `rigfleet pins lock` to resolve it from the registry / hub"
@@ -482,7 +482,7 @@ class _Checker(Problems):
             layout = None
         version = self.string(f"{key}.version", d.get("version"), _GENESIS_VERSION,
                               required=False)
-        repo = self.string(f"{key}.repo", d.get("repo"), GIT_URL)
+        repo = self.git_url(f"{key}.repo", d.get("repo"))
         commit = self.pinned(f"{key}.commit", d.get("commit"), HEX40, allow_unresolved=False)
         if repo and commit and layout:
             return GenesisPin(repo=repo, commit=commit, layout=layout, version=version)

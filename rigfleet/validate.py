@@ -43,6 +43,11 @@ _YAML_BOOLS = {True: ("on", "yes", "true"), False: ("off", "no", "false")}
 TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 TOKEN_ALLOWED = "letters, digits and -._~+/="
 GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
+GIT_URL_ALLOWED = ("a git URL without a password (https://, http://, ssh://, git://, file:// or "
+                   "user@host:path; a private repository's credential goes in git's credential "
+                   "helper or an SSH key)")
+# scheme://user:password@rest: the password would reach git's command line and progress lines
+_URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://)[^/@\s]*:[^/@\s]*@(\S*)", re.IGNORECASE)
 
 # Directories a path from the inventory must never be (the deploy would own or chmod them).
 SYSTEM_DIRS = frozenset({
@@ -258,6 +263,15 @@ class Problems:
             self.unknown_key(key, value, allowed, "is not allowed")
             return None
         return value
+
+    def git_url(self, key: str, value: Any, allowed: str = GIT_URL_ALLOWED,
+                required: bool = True) -> str | None:
+        """A ``GIT_URL`` without a password (one is shown masked, here too)."""
+        if isinstance(value, str) and (m := _URL_PASSWORD.match(value)):
+            self.bad(key, f"{m.group(1)}***@{m.group(2)}", allowed,
+                     "carries a password (user:password@)")
+            return None
+        return self.string(key, value, GIT_URL, allowed, required)
 
     def strings(self, key: str, value: Any, pattern: re.Pattern[str] | None = None,
                 allowed: str | None = None, required: bool = False) -> list[str] | None:

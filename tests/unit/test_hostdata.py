@@ -699,6 +699,20 @@ def test_a_url_with_credentials_is_refused_without_showing_them(
     assert "s3cret" not in msg and "build" not in msg
 
 
+def test_a_genesis_url_with_a_password_is_refused_without_showing_it(
+    data: dict[str, Any]
+) -> None:
+    data["bump_genesis_url"] = "https://me:ghp_s3cret@git.lan/genesis.git"
+    with pytest.raises(HostDataError) as err:
+        validate_host("rig-a", data)
+    msg = str(err.value)
+    assert msg.startswith("rig-a: bump_genesis_url: 'https://***@git.lan/genesis.git' carries "
+                          "a password (user:password@); allowed: a git URL without a password")
+    assert "s3cret" not in msg
+    data["bump_genesis_url"] = "ssh://git@git.lan:2222/genesis.git"  # a user alone: SSH's
+    assert validate_host("rig-a", data).bump_genesis_url == data["bump_genesis_url"]
+
+
 @pytest.mark.parametrize("url", ["http://[mirror.lan:5000", "http://mirror.lan:99999",
                                  "http://mirror.lan:port", "http://mirror.lan:0"])
 @pytest.mark.parametrize("key", ["docker_registry_mirror", "pip_index_url", "front_url"])

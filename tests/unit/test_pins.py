@@ -242,6 +242,10 @@ BAD_PINS = [
      ["stacks.int8.image: 'vllm/vllm-openai:v0.20.1\\r' holds control characters"]),
     (f"{TQ3}.genesis.repo", "https://x/y.git\x1b[2J",
      [f"{TQ3}.genesis.repo: 'https://x/y.git\\x1b[2J' holds control characters", "git URL"]),
+    # A password in the URL would reach git's command line: refused, and never shown
+    (f"{TQ3}.genesis.repo", "https://me:ghp_s3cr3t@github.com/me/fork.git",
+     [f"{TQ3}.genesis.repo: 'https://***@github.com/me/fork.git' carries a password",
+      "credential helper"]),
     (f"{TQ3}.genesis.version", "v12.1.0\n",
      [f"{TQ3}.genesis.version: 'v12.1.0\\n' holds control characters"]),
     ("hosts", {"rig-a\n": {"stacks": {}}},
@@ -264,6 +268,7 @@ def test_bad_pins_are_refused_with_a_precise_message(
     assert msg.startswith(str(path) + ": "), msg
     for part in expected:
         assert part in msg, f"{part!r} not in {msg!r}"
+    assert "s3cr3t" not in msg
 
 
 @pytest.mark.parametrize(("key", "text", "shown"), [
