@@ -97,6 +97,9 @@ def cmd_maintenance(args: argparse.Namespace, lay: Layout) -> int:
         return _ready(args, lay)
     plan = _plan(args.plan, "maintenance") if args.plan else None
     plan = (plan or plan_of(window, lay)) if args.action == "close" else plan
+    if plan is None and args.action == "close" and status == "none":  # as Maintenance.close
+        print("rigfleet-host maintenance: no maintenance window to close")
+        return 0
     if plan is None:
         print("rigfleet-host maintenance: " + (f"--plan is required to {args.action} a window"
               if args.action != "close" else f"no plan to close with ({status}: "

@@ -432,6 +432,13 @@ def test_the_cli_opens_reports_and_closes(lay, monkeypatch, capsys):
 
 
 
+def test_a_close_by_hand_on_a_host_that_never_had_a_window_has_nothing_to_close(lay, capsys):
+    """docs/maintenance.md: `close` exits 0 when there was nothing to close; with no window
+    ever (no plan to find) it exited 4, "no plan to close with (none: none)"."""
+    assert main(["--root", str(lay.root), "maintenance", "close"]) == 0
+    assert "no maintenance window to close" in capsys.readouterr().out
+
+
 def follow_answers(monkeypatch, answers: list[dict[str, Any]]) -> dict[str, float]:
     """``roles.follow`` against a host whose ``status --id`` gives ``answers`` (the last one
     repeats), on a fake clock."""
