@@ -184,8 +184,6 @@ class Client:
     def _read_stream(self, resp: Any, t0: float, timeout: float) -> ChatResult:
         out = ChatResult(resp.status)
         calls: dict[int, dict[str, Any]] = {}
-        content: list[str] = []
-        reasoning: list[str] = []
         done = False
         sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
         try:
@@ -226,7 +224,7 @@ class Client:
                 if isinstance(usage := event.get("usage"), dict):
                     out.usage = usage
                 try:
-                    self._read_choices(out, event, calls, content, reasoning, t0)
+                    _read_choices(out, event, calls, t0)
                 except (AttributeError, TypeError, KeyError):
                     out.error = f"malformed SSE event: {payload[:120]!r}"
                     break
@@ -234,32 +232,9 @@ class Client:
             out.error = self._transport_error(exc)
         if not done and not out.error:
             out.error = "stream ended without [DONE] (connection dropped)"
-        out.content = "".join(content)
-        out.reasoning = "".join(reasoning)
         out.tool_calls = [calls[i] for i in sorted(calls)]
         out.seconds = time.monotonic() - t0
         return out
-
-    @staticmethod
-    def _read_choices(out: ChatResult, event: dict[str, Any], calls: dict[int, dict[str, Any]],
-                      content: list[str], reasoning: list[str], t0: float) -> None:
-        """One event's choices into ``out``; AttributeError/TypeError for a malformed one."""
-        usage = event.get("usage")
-        for choice in event.get("choices") or []:
-            delta = choice.get("delta") or {}
-            piece, rpiece = _texts(delta)
-            content.append(piece)
-            reasoning.append(rpiece)
-            for tc in delta.get("tool_calls") or []:
-                _merge_tool_delta(calls, tc)
-            if (piece or rpiece or delta.get("tool_calls")) and out.first_token is None:
-                out.first_token = time.monotonic() - t0
-                so_far = (usage if isinstance(usage, dict) else {}).get("completion_tokens")
-                out.first_tokens = so_far if isinstance(so_far, int) else None
-            if (piece or delta.get("tool_calls")) and out.ttft is None:
-                out.ttft = time.monotonic() - t0
-            if choice.get("finish_reason"):
-                out.finish_reason = choice["finish_reason"]
 
 
 def max_model_len(card: dict[str, Any]) -> int | None:
@@ -277,8 +252,7 @@ def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
 
 def check_ca_file(ca_file: str | None = None) -> None:
     """ValueError (a Client: OSError) when ``ca_file`` (else ``$RIGFLEET_CA_FILE``) cannot load."""
-    path = ca_file or os.environ.get(CA_FILE_ENV) or None
-    if not path:
+    if not (path := ca_file or os.environ.get(CA_FILE_ENV)):
         return
     try:
         tls_context(path)
@@ -286,6 +260,27 @@ def check_ca_file(ca_file: str | None = None) -> None:
         where = "--ca-file" if ca_file else f"${CA_FILE_ENV}"
         raise ValueError(f"{where} {path}: cannot be loaded ({exc.strerror or exc}); allowed: "
                          "a readable PEM file of CA (or server) certificates") from None
+
+
+def _read_choices(out: ChatResult, event: dict[str, Any], calls: dict[int, dict[str, Any]],
+                  t0: float) -> None:
+    """One event's choices into ``out``; AttributeError/TypeError for a malformed one."""
+    usage = event.get("usage")
+    for choice in event.get("choices") or []:
+        delta = choice.get("delta") or {}
+        piece, rpiece = _texts(delta)
+        out.content += piece
+        out.reasoning += rpiece
+        for tc in delta.get("tool_calls") or []:
+            _merge_tool_delta(calls, tc)
+        if (piece or rpiece or delta.get("tool_calls")) and out.first_token is None:
+            out.first_token = time.monotonic() - t0
+            so_far = (usage if isinstance(usage, dict) else {}).get("completion_tokens")
+            out.first_tokens = so_far if isinstance(so_far, int) else None
+        if (piece or delta.get("tool_calls")) and out.ttft is None:
+            out.ttft = time.monotonic() - t0
+        if choice.get("finish_reason"):
+            out.finish_reason = choice["finish_reason"]
 
 
 def _merge_tool_delta(calls: dict[int, dict[str, Any]], tc: dict[str, Any]) -> None:
