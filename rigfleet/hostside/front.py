@@ -29,8 +29,7 @@ READY_CLASSES = ("swapping", "maintenance", "starting", "down")
 
 Run = Callable[[list[str], float], tuple[int, str]]
 # (method, url, headers, body, timeout) -> (status, headers, body); status 0: no answer.
-Http = Callable[[str, str, dict[str, str], bytes | None, float],
-                tuple[int, dict[str, str], bytes]]
+Http = Callable[[str, str, dict[str, str], bytes | None, float], tuple[int, dict[str, str], bytes]]
 
 # nginx string literals: keep the maintenance message free of quotes and backslashes.
 _SAFE = re.compile(r"[^A-Za-z0-9 ._:>()/+,=-]")

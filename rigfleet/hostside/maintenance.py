@@ -198,13 +198,11 @@ class Maintenance(Steps):
                                 f"({status}{': ' + why if why else ''})")
         if not self.lock.hold_window(hold, "maintenance: back from the reboot"):
             try:
-                self.lock.acquire(plan.by, "maintenance: back from the reboot", hold.window,
-                                  hold)
+                self.lock.acquire(plan.by, "maintenance: back from the reboot", hold.window, hold)
             except LockHeld as held:
                 return self._locked(str(held))
         self.j.event("maintenance", f"window {plan.id} held by pid {hold.pid} ({hold.what})")
-        return Outcome("open", st.EXIT_PROMOTED, KIND, reason="held",
-                       serving=self.front.current())
+        return Outcome("open", st.EXIT_PROMOTED, KIND, reason="held", serving=self.front.current())
 
     def close(self, own: bool = False, force: bool = False, cause: str = "") -> Outcome:
         """Recreate the verified stack, gate it, route the front to it. ``own``: the deploy
@@ -302,8 +300,7 @@ class Maintenance(Steps):
         return Outcome("closed", st.EXIT_PROMOTED, KIND, ref.stack, serving=written.ref.route_id,
                        gate=gate.record(), window_s=round(time.time() - opened, 1))
 
-    def _failed(self, window: Window | None, active: Active | None,
-                failure: Failure) -> Outcome:
+    def _failed(self, window: Window | None, active: Active | None, failure: Failure) -> Outcome:
         """Nothing verified serves: the stack down, 503 with the reason, the window failed."""
         plan = self.plan
         ref = active.ref if active else None

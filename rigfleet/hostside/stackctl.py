@@ -227,8 +227,7 @@ def run_cmd(argv: list[str], timeout: float = 120.0) -> tuple[int, str]:
     """(exit status, stdout+stderr); a missing binary is 127, one that cannot start 126, a
     timeout 124, never raised."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              check=False)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except FileNotFoundError:
         return 127, f"{argv[0]}: not found"
     except OSError as e:  # not executable, or no memory left to start it

@@ -280,8 +280,7 @@ def step(rec: Record, obs: Observation, p: Policy) -> tuple[Record, Action]:
     rec = _reset(rec, obs)
     ref = obs.active.ref
     if obs.holder is not None:
-        return moved(rec, "paused", f"{describe(obs.holder)}: they own the host",
-                      now), NOTHING
+        return moved(rec, "paused", f"{describe(obs.holder)}: they own the host", now), NOTHING
     if obs.stack_unit in PAUSING_UNIT:
         return moved(rec, "paused", PAUSING_UNIT[obs.stack_unit], now), NOTHING
     if obs.window == "abandoned" and obs.can_close:

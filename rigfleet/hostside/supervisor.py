@@ -183,8 +183,7 @@ class Supervisor:
     def tick(self) -> Action:
         before = self.rec
         rec, action = step(before, self.observe(), self.policy)
-        if rec.state != before.state or (rec.reason != before.reason
-                                         and rec.state != "booting"):
+        if rec.state != before.state or (rec.reason != before.reason and rec.state != "booting"):
             self.say(f"{rec.state}: {rec.reason}")
         if action.kind == "none":
             self.save(rec)

@@ -168,12 +168,10 @@ class Transaction(Steps):
                 (new.project, staged), *plan.projects], staged, self.timings)
             gate = self.verify(new, self.gate_fn, plan, self.timings)
             self._promote(new, staged, gate, old, kind)
-        except Failure as f:
-            return self._rollback(kind, new, staged, f, t_window)
-        except OSError as e:  # a full or read-only disk (a record, a gate report): go back
-            return self._rollback(kind, new, staged, Failure("disk", fs_problem(e)), t_window)
-        except Exception as e:  # a bug inside the window: still go back to what served
-            failure = Failure("internal", f"internal error: {type(e).__name__}: {e}")
+        except Exception as e:  # a full or read-only disk (a record, a gate report), a bug: go back
+            failure = e if isinstance(e, Failure) else (
+                Failure("disk", fs_problem(e)) if isinstance(e, OSError)
+                else Failure("internal", f"internal error: {type(e).__name__}: {e}"))
             return self._rollback(kind, new, staged, failure, t_window)
         window = self.ops.monotonic() - t_window
         self.timings["window_s"] = window
@@ -274,8 +272,7 @@ class Transaction(Steps):
             for write in writes:
                 write()
         except OSError as e:
-            self.j.event("rollback", f"a record was not written: {fs_problem(e)}",
-                         level="warning")
+            self.j.event("rollback", f"a record was not written: {fs_problem(e)}", level="warning")
 
     def _rollback(self, kind: str, new: StackRef, staged: str, failure: Failure,
                   t_window: float) -> Outcome:
