@@ -164,6 +164,7 @@ class Ensure(Steps):
         return Outcome("recreated", EXIT_PROMOTED, "ensure", ref.stack, serving=ref.route_id,
                        window_s=window)
 
+
 def adopt(plan: Plan, lay: Layout, ops: Ops, front: FrontControl, journal: Journal) -> Outcome:
     """Record the plan's stack as active when it already serves; nothing restarts."""
     new = plan.desired

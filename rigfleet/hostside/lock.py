@@ -174,8 +174,7 @@ class HostLock:
 
     @contextlib.contextmanager
     def _judged(self) -> Iterator[None]:
-        """An flock of the lock's directory: a holder read and replaced (or removed) by one
-        process at a time."""
+        """An flock of the lock's directory: one process at a time reads and replaces a holder."""
         fd = os.open(self.path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -184,8 +183,7 @@ class HostLock:
             os.close(fd)
 
     def release_stale(self) -> dict[str, Any] | None:
-        """Remove a stale lock on a person's word (``rigfleet lock HOST --release``); returns
-        the holder removed, None when free; ``LockHeld`` when its holder lives."""
+        """Remove a stale lock on a person's word (``rigfleet lock HOST --release``): its holder."""
         holder = self.read()
         if holder is None:
             return None

@@ -32,7 +32,7 @@ from typing import (
 from .layout import ROUTE_MARK, Layout
 
 if TYPE_CHECKING:  # Python 3.11's; the host tool runs on 3.10 too (Ubuntu 22.04)
-    from typing import Self
+    from typing import Self  # novermin
 
 # The pins a stack runs, as state.json and every ledger line record them.
 TRACKED_KEYS = (

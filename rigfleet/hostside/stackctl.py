@@ -224,8 +224,7 @@ def run(argv: Sequence[str], timeout: float | None = 30, env: dict[str, str] | N
 
 
 def run_cmd(argv: list[str], timeout: float = 120.0) -> tuple[int, str]:
-    """(exit status, stdout+stderr); a missing binary is 127, one that cannot start 126, a
-    timeout 124, never raised."""
+    """(exit status, stdout+stderr), never raised: 127 no binary, 126 cannot start, 124 timeout."""
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except FileNotFoundError:

@@ -373,8 +373,7 @@ class Steps:
 
     def verify(self, ref: StackRef, gate_fn: GateFn, plan: Plan,
                times: dict[str, float]) -> GateResult:
-        """Run ``plan``'s verify-stress gate against ``ref`` on loopback (a stop request stops
-        it); its seconds in ``times["gate_s"]``; ``Failure`` unless it passed."""
+        """The verify-stress gate against ``ref`` on loopback; ``Failure`` unless it passed."""
         self.check_interrupt()
         t = self.ops.monotonic()
         self.j.event("gate", f"verify-stress gate, profile {plan.gate_profile}, against "
