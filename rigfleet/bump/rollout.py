@@ -218,13 +218,11 @@ def classify(host: str, stack: str, old: StackPins, new: StackPins, deploy: Depl
     """One host's outcome after its batch: its probe (or why none) read with pyinfra's result."""
     error = host_error(deploy.log, host)
     failed = deploy.failed(host)
-    lost = (f"unreachable after its deploy started ({after})" if isinstance(after, str)
-            else f"a transaction still runs on the host ({after.busy})"
-            if after.busy and failed else "")  # its swap runs on: unknown for now
-    if lost:
+    if isinstance(after, str) or after.busy and failed:  # its swap runs on: unknown for now
+        lost = (f"unreachable after its deploy started ({after})" if isinstance(after, str)
+                else f"a transaction still runs on the host ({after.busy})")
         return HostOutcome(host, Status.LOST, batch, None, with_error(error, lost, "; pyinfra"),
                            seconds=deploy.seconds)
-    assert not isinstance(after, str)
     gate, failed_checks, report = gate_of(before, after)
     runs_new = _runs(after.state, stack, new)
     runs_old = _runs(after.state, stack, old)
