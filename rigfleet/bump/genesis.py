@@ -311,17 +311,16 @@ def lock_genesis(pins: Pins, catalog: Catalog | None = None, fetch_url: str | No
         changes.extend(f"{key}.genesis.{f}: {getattr(g, f)} -> {getattr(new, f)}"
                        for f in ("layout", "version") if getattr(g, f) != getattr(new, f))
         use = None
-        if name in stacks_of:
+        if (spec := stacks_of.stacks.get(name)) is not None:
             try:
-                use = StackUse.of(stacks_of.get(name), layout)
+                use = StackUse.of(spec, layout)
             except ValueError as e:
                 problems.append(str(e))
         problems.extend(pairing_problems(report, new, stack=name, vllm_version=p.vllm_version,
                                          use=use, image_ref=p.image,
                                          where=f"{g.repo} {sha[:12]}"))  # fmt: skip
-        if name in stacks_of and report.layout is not None:
-            problems.extend(repo.decisions(stacks_of.get(name), sha, report.layout,
-                                           p.vllm_version, new.label))
+        if spec is not None and report.layout is not None:
+            problems.extend(repo.decisions(spec, sha, report.layout, p.vllm_version, new.label))
         return replace(p, genesis=new)
 
     stacks = {n: locked(f"stacks.{n}", n, p) for n, p in pins.stacks.items()}
