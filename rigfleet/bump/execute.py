@@ -125,9 +125,8 @@ def end_journal(journal: BumpJournal, result: RolloutResult, saved: Pins | None)
 def keep_images(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
                 result: RolloutResult, candidate: Candidate | None, version: str) -> dict[str, Any]:
     """Prune old images on promoted hosts; save the promoted image; copy it to the mirror."""
-    extra: dict[str, Any] = {}
     if candidate is None:
-        return extra
+        return {}
     by_name = {h.name: h for h in inputs.hosts}
     promoted = [o.host for o in result.by_status(Status.PROMOTED)]
     if not opts.no_prune:
@@ -147,7 +146,8 @@ def keep_images(opts: BumpOptions, inputs: Inputs, remote: Remote, plan: Plan,
                     images.remove_image(remote, by_name[o.host], candidate)
     source = plan.canary if plan.canary in promoted else (promoted[0] if promoted else None)
     if source is None:  # nothing promoted: nothing worth keeping
-        return extra
+        return {}
+    extra: dict[str, Any] = {}
     if opts.save_dir:
         try:
             saved = images.save_image(remote, by_name[source], candidate, opts.save_dir, version)
@@ -251,11 +251,10 @@ def run_journal(args: argparse.Namespace) -> int | None:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        with contextlib.suppress(PermissionError):  # another user's process: alive
+            os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
     return True
 
 
