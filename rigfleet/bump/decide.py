@@ -159,7 +159,7 @@ def decide_plan(opts: BumpOptions, inputs: Inputs, names: list[str], candidate: 
                 ) -> tuple[Plan, dict[str, GenesisChoice], VersionProbe]:
     """The Genesis pairs and the final plan (raises ``GenesisRefused``, ``PinsError``)."""
     pins = inputs.pins
-    version = probe.version if candidate is not None else None
+    version = probe.version if candidate is not None else pins.stacks[names[0]].vllm_version
     inferred = False
     if candidate is not None and version is None and candidate.commit:
         # --dry, image not on the canary: a Genesis allowlist entry naming the tag's
@@ -172,8 +172,6 @@ def decide_plan(opts: BumpOptions, inputs: Inputs, names: list[str], candidate: 
     if candidate is not None:
         refuse_image_rules(inputs.catalog, names, candidate, version)
     genesis = _genesis_choices(opts, inputs, names, version, candidate)
-    if candidate is None:
-        version = pins.stacks[names[0]].vllm_version
     if version is None:
         # --dry, no Genesis stack bumped, image not on the canary: version shown unknown.
         new = {n: replace(p, vllm_version="unknown") for n, p in provisional.items()}
