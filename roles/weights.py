@@ -86,10 +86,8 @@ def prune_weights(model_dir: str, pinned: tuple[tuple[str, str], ...],
     ``compose_files`` name. ``released`` (after a swap): what only the stack it replaced mounted,
     read when the deploy runs (a swap that rolled back keeps what serves again)."""
     dirs = partial(read_fact, WeightsDirs, model_dir=model_dir)
-    if not released:
-        names = prunable(dirs(compose_files=compose_files), pinned)
-    elif executing():  # read again: the swap has rewritten the active snapshot
-        names = prunable(dirs(fresh=True, compose_files=compose_files), pinned)
+    if not released or executing():  # released: read again, the swap rewrote the active snapshot
+        names = prunable(dirs(fresh=released, compose_files=compose_files), pinned)
     else:  # what goes once the active snapshot no longer mounts it, less the first prune's own
         projects = tuple(f for f in compose_files if f != str(HOST.active_compose))
         before = prunable(dirs(compose_files=compose_files), pinned)
