@@ -93,8 +93,7 @@ class _CloseOnFailure(BaseStateCallback):
     """A deploy that fails inside a host's window closes it at once (recreate + gate)."""
 
     @staticmethod
-    def operation_host_error(state: State, host: Host, op_hash: Any, retry_count: int = 0,
-                             max_retries: int = 0) -> None:
+    def operation_host_error(state: State, host: Host, op_hash: Any, *_: Any) -> None:
         b = _BOOKS.get(state)
         if b is None or host.name not in b.open_now:
             return

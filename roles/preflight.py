@@ -284,8 +284,7 @@ class _Summary(BaseStateCallback):
         self.done = False
         self.failed: set[str] = set()
 
-    def operation_host_error(self, state: State, host: Any, op_hash: Any,  # type: ignore[override]
-                             retry_count: int = 0, max_retries: int = 0) -> None:
+    def operation_host_error(self, state: State, host: Any, *_: Any) -> None:  # type: ignore[override]
         self.failed.add(host.name)
         active = {h.name for h in state.inventory.get_active_hosts()}
         if active <= set(_REFUSED.get(state) or {}) <= self.failed:
