@@ -33,7 +33,6 @@ def balancer(ctx: BalancerContext) -> None:
     if tls_servers := [s for p in ctx.plan.pools for s in p.servers if s.ca_file]:
         root_dir(name=f"Directory {paths.ca_dir} (the TLS fronts' CAs)", path=paths.ca_dir)
         for server in host.loop(tls_servers):
-            assert server.ca_file is not None
             gates.append(root_put(name=f"CA of {server.host}'s front", src=server.ca_file,
                                   dest=paths.ca_file(server.id)))
     stacks = ", ".join(f"{p.stack}: {len(p.servers)} host(s)" for p in ctx.plan.pools)

@@ -19,8 +19,7 @@ BASE_PACKAGES = tuple("ca-certificates curl gnupg git python3 python3-venv jq ch
 def base(ctx: Any) -> None:  # any host's context: its settings have site_ca_files
     apt_packages(name="Install base packages", packages=list(BASE_PACKAGES))
     enabled_running(name="Time sync: chrony enabled and running", service="chrony")
-    ca_files = ctx.settings.site_ca_files
-    if not ca_files:
+    if not (ca_files := ctx.settings.site_ca_files):
         return
     certs = [root_put(name=f"Site CA certificate {i}", src=src,
                        dest=f"/usr/local/share/ca-certificates/rigfleet-site-{i}.crt")

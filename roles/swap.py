@@ -150,10 +150,8 @@ def swap(ctx: HostContext) -> None:
         maintenance.close_pending(ctx)
     # Enabled only, started after the swap: started here, either could hold the host lock (the
     # stack unit's ``ensure``, the supervisor's recreation) as the swap probes it, and refuse it.
-    for name, what in ((STACK_UNIT, "at boot"),
-                       (SUPERVISE_UNIT, "with the stack unit")):
-        systemd.service(name=f"{name} enabled {what}", service=name, enabled=True,
-                        running=None)
+    for name, what in ((STACK_UNIT, "at boot"), (SUPERVISE_UNIT, "with the stack unit")):
+        systemd.service(name=f"{name} enabled {what}", service=name, enabled=True, running=None)
     plan = build_plan(ctx.want, ctx.by, why=f"serve {ctx.want.stack}")
     # Behind a balancer, every stack with two or more hosts keeps one serving.
     if (batch := _BATCH.get(host.state)) is None:
