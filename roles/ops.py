@@ -194,10 +194,9 @@ def secret_file(dest: str, content: Secret, mode: str = "0600", user: str = "roo
 @operation()
 def checked_file(dest: str, content: str | Secret, check: str, mode: str = "0644",
                  group: str = "root"):
-    """Put ``content`` at ``dest`` (owned by root:``group``) only after ``check`` (``{path}``:
-    the staged copy, ``<dest>.rigfleet-new``) accepted it; a refused copy is removed. A
-    ``Secret`` is staged as ``secret_file`` writes (an upload with ``_sudo`` passes through a
-    file others can read)."""
+    """Put ``content`` at ``dest`` (root:``group``) once ``check`` (``{path}``: the staged copy,
+    ``<dest>.rigfleet-new``) accepted it, else remove the copy; a ``Secret`` is staged as
+    ``secret_file`` writes (an upload with ``_sudo`` passes through a file others can read)."""
     data = (content.reveal() if isinstance(content, Secret) else content).encode()
     if read_fact(FileDigest, path=dest) == FileInfo(mode, "root", group,
                                                    hashlib.sha256(data).hexdigest()):
