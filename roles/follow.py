@@ -99,8 +99,7 @@ def follow(swap_id: str, timeout_s: float, reports: str, box: dict[str, str],
                     break
                 # Until the job it just started writes its journal, the host judges it by
                 # the plan's age, which may predate the start (a swap that waited for a slot).
-                fresh = not since and time.monotonic() - t0 <= START_GRACE_S
-                if data.get("state") == "died" and not fresh:
+                if data.get("state") == "died" and (since or time.monotonic() - t0 > START_GRACE_S):
                     raise DeployError(f"{host.name}: {label} {swap_id} ended without a result "
                                       f"(killed?); see {where}")
                 if data.get("state") == "starting" and time.monotonic() - t0 > START_GRACE_S:
