@@ -256,8 +256,7 @@ def close_window(plan: Plan, pending: int, left: str, follow_timeout_s: float, r
 
 def close_pending(ctx: HostContext) -> None:
     """The close operation for the steps noted so far, and for a window an earlier run left."""
-    name = ctx.want.name
-    b = book()
+    name, b = ctx.want.name, book()
     pending = len(b.steps.get(name, [])[b.covered.get(name, 0):])
     b.covered[name] = len(b.steps.get(name, []))
     window = {} if name in b.old else read_fact(SwapProbe).get("maintenance")
