@@ -127,8 +127,7 @@ def monitor(ctx: MonitorContext) -> None:
                            dest=ALERTMANAGER_CONFIG, mode="0640", group="prometheus",
                            content=Secret(Path(own).read_text(encoding="utf-8")) if own
                            else ALERTMANAGER_YML,
-                           check="amtool check-config {path}" + (" >/dev/null 2>&1" if own
-                                                                 else ""))
+                           check="amtool check-config {path}" + (" >/dev/null 2>&1" if own else ""))
     root_put(name=f"Desired pins textfile {DESIRED_FILE}", src=io.StringIO(ctx.desired),
              dest=DESIRED_FILE)
     reload_gates = {"prometheus": [conf, *gates], "prometheus-alertmanager": [am_conf]}
