@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
 from rigfleet.errors import RigfleetError
+from rigfleet.hostside.records import now_iso
 from rigfleet.images.archive import ArchiveError, archive_name, inspect_archive, write_sidecar
 from rigfleet.images.hoststate import HostImageState, parse_state, state_script
 from rigfleet.images.plan import WantedImage, presence, tag_command, verify_staged
@@ -108,7 +108,7 @@ def export_image(remote: Remote, host: InventoryHost, want: WantedImage, directo
     sha = tee.sha.hexdigest()
     write_sidecar(dest, image=want.image, digest=want.digest, image_id=local.id,
                   vllm_version=vllm_version, sha256=sha, bytes=tee.bytes, saved_from=host.name,
-                  saved_at=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"))
+                  saved_at=now_iso(suffix="Z"))
     return SavedArchive(dest, sha, tee.bytes, local.id)
 
 
