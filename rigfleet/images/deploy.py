@@ -68,9 +68,7 @@ def build_plan(want: DesiredHost, state: HostImageState, checker: SourceChecker,
 
 
 def staging_plan(want: DesiredHost) -> StagingPlan:
-    if (run := _RUNS.get(host.state)) is None:
-        run = _RUNS[host.state] = (SourceChecker(), {})
-    checker, plans = run
+    checker, plans = _RUNS.setdefault(host.state, (SourceChecker(), {}))
     if want.name not in plans:
         facts = read_fact(ImageState, **fact_arguments(want))
         # The fleet caches' registries are not checked from here: the host falls back.
