@@ -192,8 +192,7 @@ def fetch_steps(w: WantedImage, r: SourceResult) -> tuple[Step, ...]:
     if kind == "host-archive":
         return Shell(f"docker load -i {shlex.quote(r.archive)}"), tag
     if r.source.via == "upload":
-        dest = posixpath.join(r.source.upload_dir, posixpath.basename(r.archive))
-        q = shlex.quote(dest)
+        q = shlex.quote(posixpath.join(r.source.upload_dir, posixpath.basename(r.archive)))
         return (Shell(f"install -d -m 0700 {shlex.quote(r.source.upload_dir)}"),
                 Stream(r.archive, f"cat > {q}"),
                 Shell(f"docker load -i {q}; rc=$?; rm -f {q}; exit $rc"), tag)
@@ -287,15 +286,12 @@ def disk_problems(host: str, plans: Sequence[ImagePlan],
             sizes.append(nbytes)
             items.append(f"{p.want.image} from {p.source.label if p.source else '?'} "
                          f"~{_gib(nbytes)}")
-    problems = []
-    for fs, (path, free, sizes, items) in per_fs.items():
-        need = sum(sizes) + RESERVE_BYTES
-        if need > free:
-            problems.append(
-                f"{host}: image_sources: staging needs ~{_gib(need)} on "
+    problems = [f"{host}: image_sources: staging needs ~{_gib(need)} on "
                 f"{path} ({fs}; {'; '.join(items)}; {_gib(RESERVE_BYTES)} kept free) "
                 f"but {_gib(free)} is free; allowed: more free space there (`docker image "
-                "prune -a` removes images no container uses), or fewer staged stacks")
+                "prune -a` removes images no container uses), or fewer staged stacks"
+                for fs, (path, free, sizes, items) in per_fs.items()
+                if (need := sum(sizes) + RESERVE_BYTES) > free]
     return problems, notes
 
 
