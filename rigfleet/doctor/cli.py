@@ -50,8 +50,7 @@ def examine(host: str, probe: HostProbe, settings: HostSettings) -> Diagnosis:
     ev = parse_evidence(host, probe.section("doctor"))
     stack = ev.stack or probe.state.get("stack")
     stack = stack if isinstance(stack, str) else None
-    catalog = settings.catalog
-    spec = catalog.get(stack) if stack is not None and stack in catalog else None
+    spec = settings.catalog.stacks.get(stack or "")
     thr = spec.throughput if spec else None
     pins = tuple(str(probe.state.get(k) or "") for k in ("digest", "genesis_commit",
                                                          "model_revision"))
