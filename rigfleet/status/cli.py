@@ -110,9 +110,9 @@ def balancer_exit(rows: Sequence[Any]) -> int:
 
 def _when(iso: str | None) -> str:
     """``2026-11-29T16:45:02+00:00`` -> ``11-29 16:45`` for a table cell."""
-    if not iso:
-        return ""
-    return iso.replace("T", " ")[5:16] if len(iso) >= 16 and iso[10] == "T" else iso
+    if iso and len(iso) >= 16 and iso[10] == "T":
+        return iso.replace("T", " ")[5:16]
+    return iso or ""
 
 
 def as_json(rows: Sequence[StatusRow], balancers: Sequence[BalancerRow] = ()) -> dict[str, Any]:
