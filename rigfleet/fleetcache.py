@@ -24,7 +24,7 @@ from rigfleet.hostdata import (
 )
 from rigfleet.hostside.layout import HOST
 from rigfleet.inventory import host_kind
-from rigfleet.validate import Problems, is_int
+from rigfleet.validate import Problems
 
 REGISTRY_CONFIG = "/etc/docker/registry/config.yml"
 # Debian's docker-registry package: its storage (its user's), unit, binary and the unit's user.
@@ -158,8 +158,7 @@ def validate_cache_host(name: str, groups: Iterable[str], data: Any) -> CacheSet
     wanted = [data.get("balancer_port") or KEY_DEFAULTS["balancer_port"]] if kind.balancer else []
     wanted += [data.get("front_port"), NODE_EXPORTER_PORT] if kind.gpu else []
     wanted += MONITOR_PORTS if kind.monitor else ()
-    settings = validate_cache(name, data, taken=[p for p in wanted if is_int(p)],
-                              gpu_host=kind.gpu)
+    settings = validate_cache(name, data, taken=wanted, gpu_host=kind.gpu)
     if _NOT_NGINX.search(settings.model_dir):
         p = Problems(name)
         p.bad("cache_model_dir", settings.model_dir, "an absolute directory without spaces or "

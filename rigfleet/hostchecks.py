@@ -39,6 +39,7 @@ from rigfleet.validate import (
     finite,
     is_int,
     is_system_dir,
+    secret_text,
 )
 
 # Any GPU's sane power cap; the card's own min..max is checked at deploy time.
@@ -247,7 +248,7 @@ class HostChecker(Problems):
         if not private(self, name, value, path, st.st_mode):
             return None
         try:
-            secret = path.read_text(encoding="utf-8").strip()
+            secret = secret_text(str(path))
         except (OSError, UnicodeDecodeError) as e:
             self.bad(name, value, "a readable UTF-8 file", f"cannot be read ({e})")
             return None

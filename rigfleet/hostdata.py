@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -38,7 +38,7 @@ from rigfleet.hostside.verify.profiles import PROFILES
 from rigfleet.image_sources import DEFAULT_SOURCES, KINDS, ImageSource, parse_sources
 from rigfleet.keytable import write_docs
 from rigfleet.tlsfiles import FrontTls, check_tls
-from rigfleet.validate import GIT_URL_ALLOWED, TOKEN_ALLOWED, Problems, ValidationError
+from rigfleet.validate import GIT_URL_ALLOWED, TOKEN_ALLOWED, Problems, ValidationError, is_int
 
 _FLAG = "true or false (on the command line: --data KEY=1)"
 _SECRET = f"a file on this (control) machine, mode 0600, one line of {TOKEN_ALLOWED}"
@@ -411,22 +411,28 @@ class CacheSettings:
         return f"http://{self.address}:{self.registry_port}"
 
 
-def validate_cache(name: str, data: Mapping[str, Any] | Any, *, taken: Sequence[int] = (),
+def ports_taken(p: Problems, ports: Mapping[str, Any], taken: Iterable[Any]) -> None:
+    """Refuse each of ``ports`` (key: port) that one of ``taken`` (the ports the host's other
+    services use; a value that is no integer is left out) is."""
+    used = sorted({port for port in taken if is_int(port)})
+    for key, port in ports.items():
+        if port is not None and port in used:
+            p.bad(key, port, f"a port none of this host's other services use ({used})",
+                  "is taken by another service of this host")
+
+
+def validate_cache(name: str, data: Mapping[str, Any] | Any, *, taken: Iterable[Any] = (),
                    gpu_host: bool = False) -> CacheSettings:
     """``taken``: ports the host's other services use (``gpu_host``: its stacks' loopback ports
     too); raises ``HostDataError``."""
     c = HostChecker(name)
     v = c.check_keys(data, "cache", KEYS)
-    taken = sorted({*taken, *(c.catalog.ports() if gpu_host else ())})
     ports = {key: v[key] for key in ("cache_registry_port", "cache_model_port")}
     registry, model = ports.values()
     if registry is not None and registry == model:
         c.bad("cache_model_port", model, "a port other than cache_registry_port",
               "is cache_registry_port too")
-    for key, port in ports.items():
-        if port is not None and port in taken:
-            c.bad(key, port, f"a port none of this host's other services use ({taken})",
-                  "is taken by another service of this host")
+    ports_taken(c, ports, [*taken, *(c.catalog.ports() if gpu_host else ())])
     c.raise_if_any(HostDataError)  # before the values are used
     address = v["cache_address"] or data.get("ssh_hostname", None) or name
     return _settings(c, CacheSettings, "cache_", name=name, address=address,

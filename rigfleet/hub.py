@@ -7,13 +7,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rigfleet.validate import TOKEN_ALLOWED, TOKEN_CHARS
+from rigfleet.validate import TOKEN_ALLOWED, TOKEN_CHARS, secret_text
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
@@ -51,11 +49,10 @@ class Hub:
         token = ""  # never printed
         if self.token_file:
             try:
-                raw = Path(os.path.expanduser(self.token_file)).read_bytes()
+                token = secret_text(self.token_file, errors="replace")
             except OSError as e:
                 raise HubError(f"hf_token_file: {self.token_file!r} cannot be read "
                                f"({e.strerror})") from None
-            token = raw.decode("utf-8", "replace").strip()
             if token and not TOKEN_CHARS.fullmatch(token):
                 # An HTTP client refusing the header would show it in its error.
                 raise HubError(f"hf_token_file: {self.token_file!r} is not one token (content "

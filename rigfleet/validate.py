@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import math
+import os
 import posixpath
 import re
 from collections.abc import Hashable, Iterable, Mapping
@@ -311,6 +312,13 @@ def finite(value: float) -> bool:
 
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def secret_text(path: str, *, strip: bool = True, errors: str = "strict") -> str:
+    """A secret file on this (control) machine: a token (stripped) or a PEM key (not); raises
+    ``OSError`` and ``UnicodeDecodeError``, each caller says it its own way."""
+    text = Path(os.path.expanduser(path)).read_text(encoding="utf-8", errors=errors)
+    return text.strip() if strip else text
 
 
 def escapes(entry: Path, root: Path) -> bool:

@@ -7,7 +7,6 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from pyinfra import host, logger
@@ -51,7 +50,7 @@ from rigfleet.oporder import fast_operation_order
 from rigfleet.packages import OsInfo
 from rigfleet.resources import deployed_by
 from rigfleet.scrape import METRICS_UNIT, NODE_EXPORTER
-from rigfleet.validate import TOKEN_ALLOWED, TOKEN_CHARS
+from rigfleet.validate import TOKEN_ALLOWED, TOKEN_CHARS, secret_text
 from roles.ops import Secret
 
 # The units the roles check (systemd.service, unit_started), read in one round trip.
@@ -129,11 +128,10 @@ def read_os(name: str, release: dict[str, str]) -> OsInfo:
 def read_secret(name: str, key: str, path: str, token: bool = True) -> Secret:
     """A secret from a control-side file: a token, or (not ``token``) a PEM key as it is."""
     try:
-        value = Path(path).read_text(encoding="utf-8")
+        value = secret_text(path, strip=token)
     except (OSError, UnicodeDecodeError) as e:
         raise PreflightError(f"{name}: {key}: {path!r} cannot be read "
                              f"({getattr(e, 'strerror', None) or e})") from None
-    value = value.strip() if token else value
     # The same rule as host data's check (rigfleet check): TOKEN_CHARS says why.
     if token and not TOKEN_CHARS.fullmatch(value):
         raise PreflightError(f"{name}: {key}: the secret in {path!r} (content not shown, "

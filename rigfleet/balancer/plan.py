@@ -20,6 +20,7 @@ from rigfleet.hostdata import (
     BalancerSettings,
     HostDataError,
     HostSettings,
+    ports_taken,
     validate_balancer,
     validate_host,
 )
@@ -194,13 +195,10 @@ def validate_balancer_host(name: str, groups: Iterable[str], data: Any) -> Balan
     host's node exporter; a cache's ports are checked by the cache); ``HostDataError``."""
     kind = host_kind(groups)
     settings = validate_balancer(name, data, gpu_host=kind.gpu)
-    taken = sorted({*(MONITOR_PORTS if kind.monitor else ()),
-                    *((NODE_EXPORTER_PORT,) if kind.gpu else ())})
-    if settings.port in taken:
-        p = Problems(name)
-        p.bad("balancer_port", settings.port, f"a port none of this host's other services use "
-              f"({taken})", "is taken by another service of this host")
-        p.raise_if_any(HostDataError)
+    p = Problems(name)
+    ports_taken(p, {"balancer_port": settings.port}, [*(MONITOR_PORTS if kind.monitor else ()),
+                                                      *((NODE_EXPORTER_PORT,) if kind.gpu else ())])
+    p.raise_if_any(HostDataError)
     return settings
 
 
