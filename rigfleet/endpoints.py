@@ -47,8 +47,8 @@ def read_key(settings: HostSettings | BalancerSettings) -> str:
     return Path(settings.api_key_file).read_text().strip()
 
 
-def chat(url: str, key: str, prompt: str, timeout: float = 60,
-         context: ssl.SSLContext | None = None, model: str = "qwen3.6-27b-autoround") -> dict:
+def chat(url: str, key: str, prompt: str, model: str, timeout: float = 60,
+         context: ssl.SSLContext | None = None) -> dict:
     body = json.dumps({"model": model,
                        "messages": [{"role": "user", "content": prompt}],
                        "max_tokens": 40, "temperature": 0}).encode()
@@ -67,7 +67,7 @@ def ask(name: str, url: str, key: str, context: ssl.SSLContext | None, model: st
     """One short question to ``url`` for ``model``; never raises (the row says what happened)."""
     started = time.monotonic()
     try:
-        reply = chat(url, key, QUESTION, timeout=timeout, context=context, model=model)
+        reply = chat(url, key, QUESTION, model, timeout=timeout, context=context)
         text = reply["choices"][0]["message"].get("content") or ""
         return EndpointCheck(name, url, 200, reply.get("model", ""), text.strip(),
                              time.monotonic() - started)

@@ -96,11 +96,11 @@ def test_the_gate_client_verifies_against_the_given_certificate(front, certs, mo
 
 def test_endpoints_speak_tls_with_the_inventory_ca(front, certs):
     tls = FrontTls(str(certs["front.crt"]), str(certs["front.key"]), str(certs["front.crt"]))
-    reply = chat(front, KEY, "capital of France?", context=front_context(tls), timeout=10)
+    reply = chat(front, KEY, "capital of France?", "m", context=front_context(tls), timeout=10)
     assert reply["choices"][0]["message"]["content"] == "Paris."
     wrong = FrontTls(str(certs["front.crt"]), str(certs["front.key"]), str(certs["other.crt"]))
     with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
-        chat(front, KEY, "capital of France?", context=front_context(wrong), timeout=10)
+        chat(front, KEY, "capital of France?", "m", context=front_context(wrong), timeout=10)
 
 
 def render(tls: bool, tmp: Path) -> str:
