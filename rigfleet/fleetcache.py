@@ -14,14 +14,7 @@ from collections.abc import Iterable
 from contextlib import suppress
 from typing import Any
 
-from rigfleet.hostdata import (
-    KEY_DEFAULTS,
-    MONITOR_PORTS,
-    NODE_EXPORTER_PORT,
-    CacheSettings,
-    HostDataError,
-    validate_cache,
-)
+from rigfleet.hostdata import CacheSettings, HostDataError, validate_cache
 from rigfleet.hostside.layout import HOST
 from rigfleet.inventory import host_kind
 from rigfleet.validate import Problems
@@ -154,11 +147,7 @@ def seed_command(upstream: str, path: str, digest: str, marker: str) -> str:
 def validate_cache_host(name: str, groups: Iterable[str], data: Any) -> CacheSettings:
     """``validate_cache`` given the ports the host's other services take, and a model dir that
     nginx serves as written; ``HostDataError``."""
-    kind = host_kind(groups)
-    wanted = [data.get("balancer_port") or KEY_DEFAULTS["balancer_port"]] if kind.balancer else []
-    wanted += [data.get("front_port"), NODE_EXPORTER_PORT] if kind.gpu else []
-    wanted += MONITOR_PORTS if kind.monitor else ()
-    settings = validate_cache(name, data, taken=wanted, gpu_host=kind.gpu)
+    settings = validate_cache(name, data, host_kind(groups))
     if _NOT_NGINX.search(settings.model_dir):
         p = Problems(name)
         p.bad("cache_model_dir", settings.model_dir, "an absolute directory without spaces or "

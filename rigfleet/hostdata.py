@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -36,6 +36,7 @@ from rigfleet.hostside.plan import GATE_TIMEOUT_S, READY_TIMEOUT_S, RETRY_AFTER_
 from rigfleet.hostside.supervise import Policy
 from rigfleet.hostside.verify.profiles import PROFILES
 from rigfleet.image_sources import DEFAULT_SOURCES, KINDS, ImageSource, parse_sources
+from rigfleet.inventory import HostKind
 from rigfleet.keytable import write_docs
 from rigfleet.tlsfiles import FrontTls, check_tls
 from rigfleet.validate import GIT_URL_ALLOWED, TOKEN_ALLOWED, Problems, ValidationError, is_int
@@ -411,20 +412,25 @@ class CacheSettings:
         return f"http://{self.address}:{self.registry_port}"
 
 
-def ports_taken(p: Problems, ports: Mapping[str, Any], taken: Iterable[Any]) -> None:
-    """Refuse each of ``ports`` (key: port) that one of ``taken`` (the ports the host's other
-    services use; a value that is no integer is left out) is."""
-    used = sorted({port for port in taken if is_int(port)})
+_CACHE_ONLY = HostKind(gpu=False, balancer=False, cache=True)
+
+
+def ports_taken(p: Problems, ports: Mapping[str, Any], kind: HostKind, *others: Any) -> None:
+    """Refuse each of ``ports`` (key: port) that another service of a ``kind`` host takes: a
+    monitor's, a GPU host's node exporter, ``others`` (one that is no integer: left out)."""
+    used = sorted({*(MONITOR_PORTS if kind.monitor else ()),
+                   *((NODE_EXPORTER_PORT,) if kind.gpu else ()),
+                   *(port for port in others if is_int(port))})
     for key, port in ports.items():
         if port is not None and port in used:
             p.bad(key, port, f"a port none of this host's other services use ({used})",
                   "is taken by another service of this host")
 
 
-def validate_cache(name: str, data: Mapping[str, Any] | Any, *, taken: Iterable[Any] = (),
-                   gpu_host: bool = False) -> CacheSettings:
-    """``taken``: ports the host's other services use (``gpu_host``: its stacks' loopback ports
-    too); raises ``HostDataError``."""
+def validate_cache(name: str, data: Mapping[str, Any] | Any,
+                   kind: HostKind = _CACHE_ONLY) -> CacheSettings:
+    """Check a cache host's data (``kind``: the host's other roles, whose ports it must not
+    take); raises ``HostDataError``."""
     c = HostChecker(name)
     v = c.check_keys(data, "cache", KEYS)
     ports = {key: v[key] for key in ("cache_registry_port", "cache_model_port")}
@@ -432,7 +438,9 @@ def validate_cache(name: str, data: Mapping[str, Any] | Any, *, taken: Iterable[
     if registry is not None and registry == model:
         c.bad("cache_model_port", model, "a port other than cache_registry_port",
               "is cache_registry_port too")
-    ports_taken(c, ports, [*taken, *(c.catalog.ports() if gpu_host else ())])
+    balancer = data.get("balancer_port") or KEY_DEFAULTS["balancer_port"]
+    ports_taken(c, ports, kind, *([balancer] if kind.balancer else ()),
+                *([data.get("front_port"), *c.catalog.ports()] if kind.gpu else ()))
     c.raise_if_any(HostDataError)  # before the values are used
     address = v["cache_address"] or data.get("ssh_hostname", None) or name
     return _settings(c, CacheSettings, "cache_", name=name, address=address,

@@ -15,8 +15,6 @@ from typing import Any, TypeVar
 from rigfleet.errors import RigfleetError
 from rigfleet.hostchecks import host_name_or_ip
 from rigfleet.hostdata import (
-    MONITOR_PORTS,
-    NODE_EXPORTER_PORT,
     BalancerSettings,
     HostDataError,
     HostSettings,
@@ -196,8 +194,7 @@ def validate_balancer_host(name: str, groups: Iterable[str], data: Any) -> Balan
     kind = host_kind(groups)
     settings = validate_balancer(name, data, gpu_host=kind.gpu)
     p = Problems(name)
-    ports_taken(p, {"balancer_port": settings.port}, [*(MONITOR_PORTS if kind.monitor else ()),
-                                                      *((NODE_EXPORTER_PORT,) if kind.gpu else ())])
+    ports_taken(p, {"balancer_port": settings.port}, kind)
     p.raise_if_any(HostDataError)
     return settings
 

@@ -46,7 +46,7 @@ from rigfleet.images.plan import (
     WantedImage,
     plan_host,
 )
-from rigfleet.inventory import InventoryHost, host_kind
+from rigfleet.inventory import HostKind, InventoryHost, host_kind
 from roles.docker import daemon_settings, merge_daemon_config
 from scripts import load_script
 
@@ -84,8 +84,9 @@ def test_bad_cache_data_names_host_key_value_and_what_is_allowed(tmp_path):
     with pytest.raises(HostDataError) as e:
         validate_cache("lb1", {"api_key_file": str(key), "cache_model_port": 8080,
                                "cache_registry_port": 8080, "cache_model_dir": "srv/x",
-                               "cache_adress": "x", "cache_registry_upstream": "ftp://x"},
-                       taken=[8080])
+                               "cache_adress": "x", "cache_registry_upstream": "ftp://x",
+                               "balancer_port": 8080},
+                       HostKind(gpu=False, balancer=True, cache=True))
     text = str(e.value)
     for line in ("lb1: cache_model_port: 8080 is cache_registry_port too; allowed:",
                  "lb1: cache_registry_port: 8080 is taken by another service of this host",
