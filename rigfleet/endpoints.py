@@ -11,7 +11,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from rigfleet.balancer.plan import fleet_plan, url_host
 from rigfleet.balancer.status import balancer_url
@@ -19,6 +18,7 @@ from rigfleet.errors import RigfleetError
 from rigfleet.hostdata import BalancerSettings, FrontTls, HostSettings, validate_host
 from rigfleet.hostside.verify.client import tls_context
 from rigfleet.inventory import InventoryHost
+from rigfleet.validate import secret_text
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def front_context(tls: FrontTls | None) -> ssl.SSLContext | None:
 
 
 def read_key(settings: HostSettings | BalancerSettings) -> str:
-    return Path(settings.api_key_file).read_text().strip()
+    return secret_text(settings.api_key_file)
 
 
 def chat(url: str, key: str, prompt: str, model: str, timeout: float = 60,

@@ -76,9 +76,7 @@ KEYS: tuple[Key, ...] = (
     _K(f"{_STACK}.genesis", "mapping", "The Genesis patch tree; required for a stack that uses "
        "Genesis, refused for one that does not.",
        "{repo: <git url>, commit: <40-hex>} (this stack needs Genesis)"),
-    _K(f"{_STACK}.genesis.repo", "string", "Its git URL.",
-       GIT_URL_ALLOWED,
-       required=True),
+    _K(f"{_STACK}.genesis.repo", "string", "Its git URL.", GIT_URL_ALLOWED, required=True),
     _K(f"{_STACK}.genesis.commit", "string", "The full commit (a v7 commit may be reachable "
        "only from a branch such as `dev`).", COMMIT, required=True),
     _K(f"{_STACK}.genesis.layout", "string", "How the commit lays Genesis out (`v7`: "
