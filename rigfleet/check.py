@@ -89,7 +89,11 @@ def offline(hosts: Sequence[Any]) -> Checked:
                 (h.kind.balancer, partial(validate_balancer_host, h.name, h.groups, h.data)),
                 (h.kind.monitor, partial(validate_monitor, h.name, h.data)),
                 (h.kind.cache, partial(validate_cache_host, h.name, h.groups, h.data))):
-            out.problems += _raised(check) if wanted else []
+            if wanted:
+                try:
+                    check()
+                except ValidationError as e:
+                    out.problems += e.problems
         if not h.kind.gpu:
             continue
         settings: HostSettings | None = None
@@ -134,14 +138,6 @@ def _agree(settings: HostSettings, pins: Pins) -> list[str]:
     staged = staged_stacks(settings, pins)
     return (unpinned_stacks(settings, pins) + check_switch_sets(settings, pins, staged)
             + check_image_rules(settings, pins, staged))
-
-
-def _raised(check: Callable[[], object]) -> list[str]:
-    try:
-        check()
-    except ValidationError as e:
-        return e.problems
-    return []
 
 
 def reacher(pairs: Iterable[str], env: Iterable[str] = ()) -> Callable[[str], str]:
