@@ -115,7 +115,7 @@ def check(verify: Callable[[], str | None], what: str = "check"):
 
 
 @operation()
-def apt_packages(packages: Sequence[str], hold: bool = False, version_prefix: str | None = None,
+def apt_packages(packages: Sequence[str], hold: bool = False, version_prefix: str = "",
                  before: Callable[[Sequence[str]], Iterable[Any]] | None = None):
     """Install missing or off-pin packages (``name=version``; ``version_prefix``), held if ``hold``.
     ``before`` gets the update and download commands and yields what runs first, the update too."""
@@ -127,8 +127,7 @@ def apt_packages(packages: Sequence[str], hold: bool = False, version_prefix: st
         name, _, version = spec.partition("=")
         if (pkg := dpkg.get(name)) is None or not pkg.installed:
             install.append(spec)
-        elif (version and pkg.version != version) or not pkg.version.startswith(
-                version_prefix or ""):
+        elif (version and pkg.version != version) or not pkg.version.startswith(version_prefix):
             install.append(spec)
             replace = True
     if install:
