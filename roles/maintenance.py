@@ -116,7 +116,7 @@ def _close_now(state: State, host: Host, b: _Book, op_hash: Any, cause: str) -> 
     with ctx_host.use(host):  # with the failed operation's connector arguments (sudo)
         host.current_op_global_arguments = failed.global_arguments
         try:
-            ok, _, err = run_on_host(hosttool.start_close(plan.id, journal, cause=cause))
+            ok, _, err = run_on_host(hosttool.start_close(plan, journal, cause=cause))
             if not ok:
                 raise RuntimeError(" ".join(err[-2:]) or "systemd-run failed")
             follow(journal, b.follow_s.get(host.name, 1800.0), str(reports_root()), box,
@@ -245,7 +245,7 @@ def close_window(plan: Plan, pending: int, left: str, follow_timeout_s: float, r
     journal = f"close-{DEPLOY_ID}-{n}"
     if left:  # an earlier run's window: the plan is this run's (gate profile, limits)
         yield from _plan_upload(plan)
-    yield hosttool.start_close(plan.id, journal)
+    yield hosttool.start_close(plan, journal)
     box: dict[str, str] = {}
     yield FunctionCommand(follow, (journal, follow_timeout_s, reports, box),
                           {"describe": close_message, "label": "maintenance",

@@ -50,7 +50,7 @@ class _Slots:
     changed: threading.Condition = field(default_factory=threading.Condition)
 
 
-def start_and_follow(swap_id: str, timeout_s: float, reports: str, box: dict[str, str],
+def start_and_follow(plan: Plan, timeout_s: float, reports: str, box: dict[str, str],
                      batch: SwapBatch | None) -> None:
     """At execution time: start the transaction and follow it (in a slot, if capped)."""
     slots, name = None, host.name
@@ -65,12 +65,12 @@ def start_and_follow(swap_id: str, timeout_s: float, reports: str, box: dict[str
             slots.moving.append(name)
         host.log(f"swap slot taken ({batch.why})")
     try:
-        ok, _, err = run_on_host(hosttool.start_swap(swap_id))
+        ok, _, err = run_on_host(hosttool.start_swap(plan))
         if not ok:
             box["error"] = (f"{host.name}: the swap transaction did not start: "
                             f"{' '.join(err[-3:]) or 'no output'}")
             return
-        follow(swap_id, timeout_s, reports, box)
+        follow(plan.id, timeout_s, reports, box)
     finally:
         if slots is not None:
             with slots.changed:
@@ -101,7 +101,7 @@ def serve_desired(plan: Plan, follow_timeout_s: float, reports: str,
         box: dict[str, str] = {}
         # Only a serving host leaving rotation (swap, update) takes one of the run's slots.
         leaves = decision.kind in ("swap", "update")
-        yield FunctionCommand(start_and_follow, (plan.id, follow_timeout_s, reports, box,
+        yield FunctionCommand(start_and_follow, (plan, follow_timeout_s, reports, box,
                                                  batch if leaves else None), {})
         if box.get("error"):  # the generator resumes after the follow ran
             yield hosttool.report_failure(box["error"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import shlex
 from collections.abc import Iterator
 from pathlib import PurePosixPath
@@ -12,6 +13,7 @@ from typing import Any
 from pyinfra.api import FileUploadCommand
 
 from rigfleet.hostside.layout import BUNDLE_PATH, HOST
+from rigfleet.hostside.plan import Plan
 
 PYTHON = "/usr/bin/python3"
 # The probe's answer on a host the deploy has not reached yet.
@@ -26,16 +28,17 @@ def unit_name(swap_id: str) -> str:
     return f"rigfleet-swap-{swap_id}"
 
 
-def _transient(unit: str, *args: str) -> str:
+def _transient(unit: str, plan: Plan, *args: str) -> str:
     """Run the tool as a transient unit: it outlives a dropped SSH session; ``KillMode=mixed``
-    lets a stop request reach only the tool, which then stops its gate and rolls back."""
-    return (f"systemd-run --unit {shlex.quote(unit)} --collect --quiet "
-            "--property=KillMode=mixed --property=TimeoutStopSec=900 "
+    lets a stop request reach only the tool, which then stops its gate and rolls back, given
+    the plan's time for it (``Plan.stop_timeout_s``)."""
+    return (f"systemd-run --unit {shlex.quote(unit)} --collect --quiet --property=KillMode="
+            f"mixed --property=TimeoutStopSec={math.ceil(plan.stop_timeout_s)} "
             "--setenv=PYTHONUNBUFFERED=1 " + tool(*args))
 
 
-def start_swap(swap_id: str) -> str:
-    return _transient(unit_name(swap_id), "swap", "--plan", str(HOST.plan_file(swap_id)))
+def start_swap(plan: Plan) -> str:
+    return _transient(unit_name(plan.id), plan, "swap", "--plan", str(HOST.plan_file(plan.id)))
 
 
 def close_unit(window_id: str) -> str:
@@ -60,10 +63,10 @@ def maintenance_hold(window_id: str) -> str:
     return tool("maintenance", "hold", "--plan", str(HOST.window_plan(window_id)))
 
 
-def start_close(window_id: str, journal_id: str, cause: str = "") -> str:
+def start_close(plan: Plan, journal_id: str, cause: str = "") -> str:
     """Close the deploy's own window as a transient unit; ``cause``: why now, for the ledger."""
-    return _transient(close_unit(window_id), "maintenance", "close", "--plan",
-                      str(HOST.window_plan(window_id)), "--journal-id", journal_id, "--own",
+    return _transient(close_unit(plan.id), plan, "maintenance", "close", "--plan",
+                      str(HOST.window_plan(plan.id)), "--journal-id", journal_id, "--own",
                       *(("--cause", cause) if cause else ()))
 
 

@@ -22,6 +22,8 @@ DEFAULT_DRAIN_TIMEOUT_S = 600.0
 READY_TIMEOUT_S = 1200.0
 VRAM_TIMEOUT_S = 120.0
 GATE_TIMEOUT_S = 7200.0
+# stackctl.SystemOps's limits on ``docker compose up`` and ``down`` (``Plan.stop_timeout_s``).
+COMPOSE_UP_S, COMPOSE_DOWN_S = 600.0, 300.0
 RETRY_AFTER_S = 30
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}")
 _HASH_LINE = re.compile(r"io\.rigfleet\.config-hash['\"]?:\s*['\"]?([0-9a-f]{8,64})")
@@ -93,6 +95,13 @@ class Plan(Coded):
 
     def drain_timeout_for(self, stack: str | None) -> float:
         return self.drain_timeouts.get(stack or "", self.drain_timeout_s)
+
+    @property
+    def stop_timeout_s(self) -> float:
+        """The transient unit's ``TimeoutStopSec`` (past it systemd SIGKILLs the tool): a stop
+        request finishes the docker command it lands in, then goes back (``_rollback``): the
+        new stack down, the memory released, the old stack up and ready."""
+        return self.vram_timeout_s + self.ready_timeout_s + 2 * (COMPOSE_UP_S + COMPOSE_DOWN_S)
 
     def dumps(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"

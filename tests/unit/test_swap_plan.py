@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -153,8 +154,9 @@ def test_the_probe_answers_on_an_empty_root_and_the_fact_on_a_bare_host(tmp_path
     assert json.loads(out.stdout) == {"schema": "rigfleet-probe/1", "bare": True}
 
 
-def test_host_tool_commands_are_valid_sh():
-    for command in (hosttool.start_swap("20261129T100000Z-abcdef"),
+def test_host_tool_commands_are_valid_sh(ctx):
+    plan = build_plan(ctx, "alice@ctl", why="serve tq3", deploy_id="20261129T100000Z-abcdef")
+    for command in (hosttool.start_swap(plan), hosttool.start_close(plan, "close-1", "it's"),
                     hosttool.status("20261129T100000Z-abcdef", 3), hosttool.probe(),
                     hosttool.probe(full=True, model_path="/srv/m o", front_port=8000),
                     hosttool.adopt("X"),
@@ -162,7 +164,8 @@ def test_host_tool_commands_are_valid_sh():
                     hosttool.report_failure("host1: it's 'quoted' $HOME `x`")):
         proc = subprocess.run(["sh", "-n", "-c", command], capture_output=True, text=True)
         assert proc.returncode == 0, (command, proc.stderr)
-    assert hosttool.start_swap("X").startswith("systemd-run --unit rigfleet-swap-X --collect ")
+    assert hosttool.start_swap(replace(plan, id="X")).startswith(
+        "systemd-run --unit rigfleet-swap-X --collect ")
     proc = subprocess.run(["sh", "-c", hosttool.report_failure("it's $HOME")],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stderr == "it's $HOME\n"

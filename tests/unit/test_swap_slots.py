@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import roles.swap as swap_role
 from rigfleet.balancer.plan import SwapBatch
+from rigfleet.hostside.plan import Plan, StackRef
+
+PLAN = Plan("a", "alice@ctl", "swap", "rig", StackRef(
+    "int8", "rigfleet-int8", "rigfleet-int8", 8001, "/x/compose.yaml", "1111aaaa", "img:1",
+    "m", 0.9))
 
 
 def test_at_most_the_batch_swaps_at_once_and_a_failed_start_gives_its_slot_back(monkeypatch):
@@ -50,7 +56,7 @@ def test_at_most_the_batch_swaps_at_once_and_a_failed_start_gives_its_slot_back(
     boxes = [{} for _ in range(5)]
     ids = ["bad", "a", "b", "c", "d"]
     threads = [threading.Thread(target=swap_role.start_and_follow,
-                                args=(i, 60.0, "/tmp", box, batch)) 
+                                args=(replace(PLAN, id=i), 60.0, "/tmp", box, batch))
                for i, box in zip(ids, boxes, strict=True)]
     for t in threads:
         t.start()
@@ -62,5 +68,5 @@ def test_at_most_the_batch_swaps_at_once_and_a_failed_start_gives_its_slot_back(
     assert all("error" not in b for b in boxes[1:])
     assert any(line.startswith("swap waits for a slot: 2 host(s) at a time") for line in logs)
     # Without a cap (no balancer, or an activation): no slot at all.
-    swap_role.start_and_follow("e", 60.0, "/tmp", {}, None)
+    swap_role.start_and_follow(replace(PLAN, id="e"), 60.0, "/tmp", {}, None)
     assert len(started) == 6

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -29,12 +30,14 @@ from swap_fakes import (
 )
 
 from rigfleet.catalog import builtin_catalog
+from rigfleet.commands import hosttool
 from rigfleet.hostside import ledger
 from rigfleet.hostside.active import load_active
 from rigfleet.hostside.ensure import Ensure, adopt
 from rigfleet.hostside.journal import Journal
 from rigfleet.hostside.layout import Layout
 from rigfleet.hostside.lock import HostLock
+from rigfleet.hostside.plan import READY_TIMEOUT_S, VRAM_TIMEOUT_S
 from rigfleet.hostside.records import read_state
 from rigfleet.hostside.steps import EXIT_FAILED, EXIT_LOCKED, EXIT_PROMOTED, EXIT_ROLLED_BACK
 from rigfleet.hostside.transaction import Transaction
@@ -614,3 +617,19 @@ def test_a_refusal_after_a_failed_window_says_nothing_verified_serves(lay):
     host.images = {old.image_ref}                 # the new image is not staged
     out = run(lay, host, front, plan)
     assert (out.result, out.exit, out.serving) == ("refused", EXIT_FAILED, "maintenance")
+
+
+@pytest.mark.parametrize("ready_timeout_s", [READY_TIMEOUT_S, 3000.0])  # the default, host data
+def test_a_stop_request_rolls_back_within_the_swap_units_stop_timeout(lay, ready_timeout_s):
+    """systemd SIGKILLs the swap unit TimeoutStopSec after its SIGTERM (systemd.service(5),
+    KillMode=mixed: systemd.kill(5)); the way back may take the plan's whole limits for the
+    memory and the old stack's boot, and must still end with the old stack serving."""
+    host, front, old, plan = setup_swap(lay, ready_timeout_s=ready_timeout_s,
+                                        vram_timeout_s=VRAM_TIMEOUT_S)
+    host.release_s, host.boot_s = plan.vram_timeout_s - 5, plan.ready_timeout_s - 5
+    stopped: dict[str, float] = {}
+    gate = FakeGate(on_run=lambda run: stopped.setdefault("at", host.t))
+    out = run(lay, host, front, plan, gate, interrupted=lambda: "at" in stopped)
+    assert out.result == "rolled-back" and front.current() == old.route_id
+    limit = re.search(r"TimeoutStopSec=(\d+) ", hosttool.start_swap(plan))
+    assert limit and host.t - stopped["at"] <= int(limit.group(1)), host.t - stopped["at"]
