@@ -7,8 +7,12 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import re
-from contextlib import suppress
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,7 @@ from rigfleet.registry import DIGEST
 from rigfleet.validate import Problems, ValidationError, YamlError, load_yaml, parse_yaml
 from rigfleet.vllm_versions import NIGHTLY_TAG
 
+SAVE_WAIT = 30.0  # seconds a save waits for another process's save of the same directory
 LOCK_HINT = "run `rigfleet pins lock` to resolve it from the registry / hub"
 
 # Tags that move: pinning one pins nothing. vLLM pushes `nightly` and the per-arch
@@ -235,21 +240,40 @@ def dump_pins(pins: Pins) -> str:
 def save_pins(pins: Pins, history_entry: dict[str, Any] | None = None) -> Pins:
     """Write ``pins`` atomically at serial + 1 with ``history_entry``; refused if saved since."""
     path, data = Path(pins.path), None
-    with suppress(YamlError):
-        data = load_yaml(path, "the pins file")
-    on_disk = data.get("serial") if isinstance(data, dict) else None
-    if type(on_disk) is int and on_disk != pins.serial:  # a bool is no serial
-        raise PinsError(f"{path}: serial: file is at serial {on_disk} but these pins were "
-                        f"loaded at {pins.serial}; someone saved in between. Reload, "
-                        "re-apply, save again")
-    history = [dict(h) for h in pins.history]
-    if history_entry is not None:
-        history.append({**history_entry, "serial": pins.serial + 1})
-    new = replace(pins, serial=pins.serial + 1, history=history)
-    parse_pins(parse_yaml(dump_pins(new), str(path)), str(path), allow_unresolved=True,
-               catalog=pins.catalog)
-    write_keeping_mode(path, dump_pins(new))
+    with saving(path):  # the serial is compared and the file written by one process at a time
+        with suppress(YamlError):
+            data = load_yaml(path, "the pins file")
+        on_disk = data.get("serial") if isinstance(data, dict) else None
+        if type(on_disk) is int and on_disk != pins.serial:  # a bool is no serial
+            raise PinsError(f"{path}: serial: file is at serial {on_disk} but these pins were "
+                            f"loaded at {pins.serial}; someone saved in between. Reload, "
+                            "re-apply, save again")
+        history = [dict(h) for h in pins.history]
+        if history_entry is not None:
+            history.append({**history_entry, "serial": pins.serial + 1})
+        new = replace(pins, serial=pins.serial + 1, history=history)
+        parse_pins(parse_yaml(dump_pins(new), str(path)), str(path), allow_unresolved=True,
+                   catalog=pins.catalog)
+        write_keeping_mode(path, dump_pins(new))
     return new
+
+
+@contextmanager
+def saving(path: Path) -> Iterator[None]:
+    """One process at a time reads and replaces ``path``: an ``flock`` of its directory."""
+    fd = os.open(path.parent, os.O_RDONLY)  # the kernel drops the lock when the process ends
+    try:
+        for _ in range(int(SAVE_WAIT * 20)):
+            with suppress(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            time.sleep(0.05)
+        else:
+            raise PinsError(f"{path}: not saved: another rigfleet process held the lock of "
+                            f"{path.parent} for {SAVE_WAIT:g}s; allowed: run again when it ends")
+        yield
+    finally:
+        os.close(fd)
 
 
 def write_keeping_mode(path: Path, text: str) -> None:

@@ -426,3 +426,67 @@ def test_a_pins_file_that_is_not_utf8_names_the_line(tmp_path: Path) -> None:
     with pytest.raises(PinsError, match=rf"pins.yaml: line {text.count(chr(10))}: byte 0xe9 is "
                                         r"not UTF-8; allowed: a UTF-8 text file"):
         load_pins(path)
+
+
+def test_two_saves_at_once_one_is_refused_and_no_change_is_lost(tmp_path, monkeypatch) -> None:
+    # Both read serial 3 before either wrote: both were "saved", the later write dropping the
+    # earlier one's change (a bump's new pin gone while its journal said it was recorded).
+    import threading
+    from contextlib import suppress
+
+    import rigfleet.pins as pins_module
+
+    path = write(tmp_path, good())
+    pins = load_pins(path)
+    both_checked = threading.Barrier(2, timeout=1)
+    real_write = pins_module.write_keeping_mode
+
+    def write_once_both_checked(p: Path, text: str) -> None:
+        with suppress(threading.BrokenBarrierError):  # under the lock the other one waits
+            both_checked.wait()
+        real_write(p, text)
+
+    monkeypatch.setattr(pins_module, "write_keeping_mode", write_once_both_checked)
+    outcomes: dict[str, Any] = {}
+
+    def save(name: str, digest: str) -> None:
+        new = replace(pins, stacks={**pins.stacks, "int8": replace(pins.stacks["int8"],
+                                                                   digest=digest)})
+        try:
+            outcomes[name] = save_pins(new, {"action": name})
+        except PinsError as e:
+            outcomes[name] = e
+
+    threads = [threading.Thread(target=save, args=("bump", DIGEST_B)),
+               threading.Thread(target=save, args=("lock", "sha256:" + "c" * 64))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    saved = [o for o in outcomes.values() if not isinstance(o, PinsError)]
+    refused = [str(o) for o in outcomes.values() if isinstance(o, PinsError)]
+    assert len(saved) == 1, outcomes
+    assert refused == [f"{path}: serial: file is at serial 4 but these pins were loaded at 3; "
+                       "someone saved in between. Reload, re-apply, save again"]
+    assert load_pins(path) == saved[0]  # the one told "saved" is what the file holds
+
+
+def test_a_save_waits_a_bounded_time_for_another_ones_lock(tmp_path, monkeypatch) -> None:
+    import fcntl
+
+    import rigfleet.pins as pins_module
+
+    path = write(tmp_path, good())
+    pins = load_pins(path)
+    monkeypatch.setattr(pins_module, "SAVE_WAIT", 0.2)
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another process, saving
+        with pytest.raises(PinsError) as e:
+            save_pins(pins, {"action": "lock"})
+    finally:
+        os.close(fd)
+    assert str(e.value) == (f"{path}: not saved: another rigfleet process held the lock of "
+                            f"{tmp_path} for 0.2s; allowed: run again when it ends")
+    assert load_pins(path) == pins
+    assert save_pins(pins).serial == 4  # once it is free
