@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rigfleet import pins as pins_file
 from rigfleet.bump.plan import Plan, PlanHost
 from rigfleet.catalog import Catalog
 from rigfleet.hostside.records import now_iso
@@ -74,16 +75,17 @@ class BumpJournal:
               version: str, history: Mapping[str, Any] | None = None) -> BumpJournal:
         """The journal of a bump about to roll ``plan`` out, written before any host changes."""
         path = journal_path(plan.pins.path)
-        if path.exists():
-            raise JournalError(f"{path}: another bump's journal is there (started meanwhile?); "
-                               "allowed: one bump at a time: run `rigfleet bump` to finish it")
         journal = cls(
             path=path, id=journal_id, started=now_iso(suffix="Z"), by=by, owner={},
             base_serial=plan.pins.serial, planned=plan,
             candidate=dict(candidate) if candidate is not None else None, version=version,
             history=dict(history or {}),
         )
-        journal.take_over()  # and saves it
+        with pins_file.saving(path):  # of two bumps starting at once, one finds the other's
+            if path.exists():
+                raise JournalError(f"{path}: another bump's journal is there (started meanwhile?); "
+                                   "allowed: one bump at a time: run `rigfleet bump` to finish it")
+            journal.take_over()  # and saves it
         return journal
 
     def take_over(self) -> None:

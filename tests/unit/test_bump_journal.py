@@ -263,6 +263,43 @@ def test_the_journal_is_written_before_any_host_changes_and_after_each_host(tmp_
     assert not list(tmp_path.glob(".pins.yaml.bump-journal.json.*"))  # no temporary left
 
 
+def test_of_two_bumps_starting_at_once_the_second_is_refused(tmp_path, monkeypatch):
+    # Both saw no journal before either wrote one: both started, the later write dropping the
+    # earlier bump's journal while it rolled hosts out.
+    import threading
+    from contextlib import suppress
+
+    from rigfleet.bump import journal as journal_module
+
+    plan = make_plan(tmp_path, n=2, batch=1)
+    both_checked = threading.Barrier(2, timeout=1)
+    real_write = journal_module.write_keeping_mode
+
+    def write_once_both_checked(p: Path, text: str) -> None:
+        with suppress(threading.BrokenBarrierError):  # under the lock the other one waits
+            both_checked.wait()
+        real_write(p, text)
+
+    monkeypatch.setattr(journal_module, "write_keeping_mode", write_once_both_checked)
+    outcomes: list[Any] = []
+
+    def start() -> None:
+        try:
+            outcomes.append(journal_for(plan))
+        except JournalError as e:
+            outcomes.append(e)
+
+    threads = [threading.Thread(target=start) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    refused = [str(o) for o in outcomes if isinstance(o, JournalError)]
+    assert refused == [f"{journal_path(plan.pins.path)}: another bump's journal is there "
+                       "(started meanwhile?); allowed: one bump at a time: run `rigfleet bump` "
+                       "to finish it"], outcomes
+
+
 def test_states_open_finished_and_stale(tmp_path):
     plan = make_plan(tmp_path)
     journal = journal_for(plan)
