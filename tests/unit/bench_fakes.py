@@ -49,6 +49,7 @@ class Pace:
     version: str = "0.27.1"
     seed: int = 7
     fail_requests: tuple[int, ...] = ()  # these chat requests (1, 2, ...) answer 503
+    abort_requests: tuple[int, ...] = ()  # these decode, then finish "abort" (vLLM's abort)
 
 
 @dataclass
@@ -170,6 +171,7 @@ class PacedServer:
             speed = next(self.speeds)
             self.state.requests += 1
             failing = self.state.requests in p.fail_requests
+            finish = "abort" if self.state.requests in p.abort_requests else "length"
         if failing:
             h._json(503, {"error": {"message": "engine overloaded"}})  # type: ignore[attr-defined]
             return
@@ -178,7 +180,7 @@ class PacedServer:
         if not data.get("stream"):
             n = max_tokens
             body = {"choices": [{"message": {"role": "assistant", "content": "word " * n},
-                                 "finish_reason": "length"}],
+                                 "finish_reason": finish}],
                     "usage": {"prompt_tokens": prompt, "completion_tokens": n}}
             h._json(200, body)  # type: ignore[attr-defined]
             return
@@ -217,7 +219,7 @@ class PacedServer:
             # this test process (a loaded CI machine) is not the engine's decode time.
             self.state.decode_s += deadline - first
             self.state.decoded += 1
-        event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        event({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
         event({"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": sent}})
         h.wfile.write(b"data: [DONE]\n\n")
         h.wfile.flush()

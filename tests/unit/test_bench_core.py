@@ -86,6 +86,22 @@ def test_bench_reads_each_runs_decode_time_from_metrics_when_there(decode_time):
     assert code.decode_mean == pytest.approx(expected_tok_s(pace, "code"), rel=0.15)
 
 
+def test_a_run_the_engine_aborted_measures_nothing():
+    """A streamed run that ended in finish_reason "abort" was measured like a finished one (its
+    tokens so far over its time): an engine aborting requests could still pass the throughput
+    figure; the doctor's load went on with it."""
+    from rigfleet.hostside.bench.evidence import load
+
+    with PacedServer(Pace(step_rate=800.0, abort_requests=(1,))) as srv:
+        code = Bench(Client(srv.url), BenchSettings(runs=2, warmup=0)).shape(CODE)
+    assert [r.finish_reason for r in code.runs] == ["abort", "length"]
+    assert len(code.failed) == 1 and 'finish_reason "abort"' in code.failed[0].why
+    with PacedServer(Pace(step_rate=1000.0, prefill_s=0.001, abort_requests=(1,))) as srv:
+        got = load(Client(srv.url), "qwen3.6-27b-autoround", 0.3, dict)
+    assert len(got["load"]["runs"]) == 1 and got["load"]["decode_mean"] is None
+    assert 'finish_reason "abort"' in got["load"]["runs"][0]["error"]
+
+
 def test_stats():
     def shape(*decode: float) -> ShapeResult:  # runs of (tokens - 1) / 10 s engine decode
         return ShapeResult("code", [RunResult("code", 200, 12.0, 1.0, round(d * 10) + 1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -106,3 +107,25 @@ def test_throughput_runs_without_an_http_answer_say_so():
     assert progress.notes == ["code: a run measured nothing (no HTTP answer: timed out)"]
     assert checks._failed_runs(result).message == (
         "code: 2/2 runs measured nothing (first: no HTTP answer: timed out)")
+
+
+def test_a_soak_turn_the_engine_aborted_is_a_turn_error():
+    """A turn streamed with healthy text but finish_reason "abort" counted as a good turn."""
+    from test_verify_client import sse_server
+
+    from rigfleet.hostside.verify.client import Client
+
+    def body(w: Any) -> None:
+        for event in ({"choices": [{"index": 0, "delta": {"content": HEALTHY.content}}]},
+                      {"choices": [{"index": 0, "delta": {}, "finish_reason": "abort"}]},
+                      {"choices": [], "usage": HEALTHY.usage}):
+            w.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        w.write(b"data: [DONE]\n\n")
+        w.flush()
+
+    with sse_server(body) as url:
+        ctx = checks.Context(Client(url), resolve("fast", ["soak_sessions=1", "soak_turns=2"]))
+        out = checks.soak(ctx, CheckResult("soak", "Soak"))
+    assert out.status == "fail" and out.details["turns_done"] == 1
+    assert [(f.name, f.where) for f in out.findings] == [("turn_error", "s1t1")]
+    assert 'finish_reason "abort"' in out.findings[0].message

@@ -125,6 +125,28 @@ def test_a_malformed_completion_is_a_failed_result_not_a_traceback(body):
     assert "choices" in res.error
 
 
+@pytest.mark.parametrize("reason", ["abort", "error"])
+def test_a_reply_the_engine_aborted_is_a_failed_attempt(reason):
+    """vLLM ends a request its engine gave up on with HTTP 200, the text so far and
+    finish_reason "abort" (vllm/v1/engine/output_processor.py, abort_requests); the client
+    took it for a good reply, so a check passed on a cut answer and a bench run measured it."""
+    from rigfleet.hostside.verify.client import _parse_completion
+
+    end = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"%s"}]}\n\n' % reason.encode()
+
+    def body(w: Any) -> None:
+        w.write(CHUNK + end + b"data: [DONE]\n\n")
+        w.flush()
+
+    with sse_server(body) as url:
+        streamed = Client(url).chat({"model": "m", "messages": []}, timeout=5, stream=True)
+    whole = _parse_completion(200, b'{"choices":[{"message":{"content":"x"},"finish_reason":"%s"}]}'
+                              % reason.encode(), 0.1)
+    for res in (streamed, whole):
+        assert res.status == 200 and res.content == "x" and res.finish_reason == reason
+        assert not res.ok and f'finish_reason "{reason}"' in res.error
+
+
 def test_a_url_password_stays_out_of_transport_errors(tmp_path, capsys):
     """``--url http://user:password@host`` (no port): urllib reads ``password@host`` as the
     port, and its "nonnumeric port: 'password@host'" went into the gate's finding, its

@@ -280,7 +280,14 @@ def _read_choices(out: ChatResult, event: dict[str, Any], calls: dict[int, dict[
         if (piece or delta.get("tool_calls")) and out.ttft is None:
             out.ttft = time.monotonic() - t0
         if choice.get("finish_reason"):
-            out.finish_reason = choice["finish_reason"]
+            _finished(out, choice["finish_reason"])
+
+
+def _finished(out: ChatResult, reason: Any) -> None:
+    """A reply vLLM's engine gave up on (``abort``; ``error``, which vLLM answers 500) failed."""
+    out.finish_reason = reason
+    if reason in ("abort", "error") and not out.error:
+        out.error = f'the engine gave up on the reply (finish_reason "{reason}"): see its log'
 
 
 def _merge_tool_delta(calls: dict[int, dict[str, Any]], tc: dict[str, Any]) -> None:
@@ -322,7 +329,7 @@ def _parse_completion(status: int, data: bytes, seconds: float) -> ChatResult:
             msg = choice.get("message") or {}
             out.content, out.reasoning = _texts(msg)
             out.tool_calls = [c for c in msg.get("tool_calls") or [] if isinstance(c, dict)]
-            out.finish_reason = choice.get("finish_reason")
+            _finished(out, choice.get("finish_reason"))
     except (AttributeError, TypeError, KeyError, IndexError):
         out.error = f"malformed response: {data[:120].decode('utf-8', 'replace')!r}"
     return out
