@@ -22,6 +22,7 @@ import argparse
 import http.server
 import json
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -72,13 +73,29 @@ def pinned(image_id: str, repositories: set[str]) -> bool:
     return any(re.split(r"[@:](?=[^/]*$)", n, maxsplit=1)[0] in repositories for n in names)
 
 
+def any_address() -> str:
+    """``::`` (IPv4 too: ``Server.server_bind``) where the kernel has IPv6, else ``0.0.0.0``."""
+    try:
+        socket.socket(socket.AF_INET6).close()
+    except OSError:
+        return "0.0.0.0"
+    return "::"
+
+
 class Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address, model_dir: Path, repositories: set[str]) -> None:
+        # peers reach the seed where the balancer does: an IPv4 or IPv6 address, or a name
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, Handler)
         self.model_dir, self.repositories = model_dir, repositories
         self.last, self.busy, self.lock = time.monotonic(), 0, threading.Lock()
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6:  # dual-stack whatever net.ipv6.bindv6only
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -148,12 +165,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--bind", default="")
+    p.add_argument("--bind", help="default: every IPv6 and IPv4 address")
     p.add_argument("--model-dir", required=True)
     p.add_argument("--repository", action="append", default=[])
     p.add_argument("--idle", type=float, default=300, help="stop after S idle seconds")
     args = p.parse_args(argv)
-    server = Server((args.bind, args.port), Path(args.model_dir), set(args.repository))
+    server = Server((args.bind or any_address(), args.port), Path(args.model_dir),
+                    set(args.repository))
 
     def watch() -> None:
         while True:

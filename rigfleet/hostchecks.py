@@ -451,6 +451,11 @@ def number_check(low: float | None, high: float | None, *, integer: bool = False
     return check
 
 
+def url_host(name: str) -> str:
+    """A host name or address as a URL or ``host:port`` names it (IPv6 in brackets)."""
+    return f"[{name}]" if ":" in name else name
+
+
 def host_name_or_ip(value: Any) -> bool:
     """A host name (letters, digits, ``.-_``) or an IP address: nothing a config file parses."""
     if not isinstance(value, str):

@@ -29,6 +29,7 @@ from rigfleet.hostchecks import (
     flag_value,
     host_name_or_ip,
     number_check,
+    url_host,
     valid_if,
 )
 from rigfleet.hostside.layout import HOST
@@ -405,11 +406,11 @@ class CacheSettings:
 
     @property
     def model_url(self) -> str:
-        return f"http://{self.address}:{self.model_port}"
+        return f"http://{url_host(self.address)}:{self.model_port}"
 
     @property
     def registry_url(self) -> str:
-        return f"http://{self.address}:{self.registry_port}"
+        return f"http://{url_host(self.address)}:{self.registry_port}"
 
 
 _CACHE_ONLY = HostKind(gpu=False, balancer=False, cache=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 from pyinfra import host, logger
 
-from rigfleet.balancer.plan import GpuHost, front_target
+from rigfleet.balancer.plan import GpuHost, front_target, url_host
 from rigfleet.desired import DesiredHost, load_desired
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetcache import peer_serve_command
@@ -61,7 +61,7 @@ def peer_for(wants: Callable[[DesiredHost], bool]) -> Peer | None:
     port = want.settings.peer_port
     # where the LAN reaches the seed: as the balancer reaches its front
     address = front_target(GpuHost(seed.name, want.settings, seed.data.get("ssh_hostname")))[1]
-    return Peer(seed.name, f"http://{address}:{port}", peer_serve_command(
+    return Peer(seed.name, f"http://{url_host(address)}:{port}", peer_serve_command(
         port, want.settings.model_dir, repos), InventoryHost.of(seed))
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from rigfleet.errors import RigfleetError
-from rigfleet.hostchecks import host_name_or_ip
+from rigfleet.hostchecks import host_name_or_ip, url_host
 from rigfleet.hostdata import (
     BalancerSettings,
     HostDataError,
@@ -96,11 +96,6 @@ def split_address(address: str) -> tuple[str, int | None]:
         return host, int(rest[1:]) if rest.startswith(":") else None
     host, sep, port = address.partition(":")
     return host, int(port) if sep else None
-
-
-def url_host(name: str) -> str:
-    """A host name or address as a URL or ``host:port`` names it (IPv6 in brackets)."""
-    return f"[{name}]" if ":" in name else name
 
 
 def front_target(host: GpuHost) -> tuple[str, str]:

@@ -77,6 +77,8 @@ def test_cache_data_defaults_and_address(tmp_path):
     s = validate_cache("lb1", {"api_key_file": str(key), "cache_address": "10.0.0.5",
                                "cache_registry_upstream": "http://reg.lan:5000/"})
     assert s.model_url == "http://10.0.0.5:8081" and s.registry_upstream == "http://reg.lan:5000"
+    s = validate_cache("lb1", {"api_key_file": str(key), "cache_address": "fd00::5"})
+    assert s.model_url == "http://[fd00::5]:8081" and s.registry_url == "http://[fd00::5]:5000"
 
 
 def test_bad_cache_data_names_host_key_value_and_what_is_allowed(tmp_path):

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -107,6 +109,28 @@ def test_the_server_stops_on_its_own_when_nobody_asks(serve, tmp_path):
     assert done.wait(10), "the idle server did not stop"
 
 
+def test_the_server_answers_peers_over_ipv6_and_ipv4(serve, tmp_path, monkeypatch):
+    (tmp_path / "m").mkdir()
+    started: list = []
+
+    class Seen(serve.Server):
+        def serve_forever(self, *args) -> None:
+            started.append(self)
+            super().serve_forever(*args)
+
+    monkeypatch.setattr(serve, "Server", Seen)
+    threading.Thread(target=serve.main, args=(["--port", "0", "--model-dir", str(tmp_path / "m"),
+                                               "--idle", "1"],), daemon=True).start()
+    for _ in range(100):
+        if started:
+            break
+        time.sleep(0.05)
+    port = started[0].server_address[1]
+    for address in ("::1", "127.0.0.1"):  # a seed reached at its IPv6 or IPv4 address
+        socket.create_connection((address, port), 2).close()
+    started[0].shutdown()
+
+
 def _fake_bin(tmp_path: Path, curl_ok: bool) -> tuple[dict[str, str], Path]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -192,13 +216,17 @@ def test_a_host_refused_in_its_preflight_is_no_seed(monkeypatch):
         assert (got.seed if got else None) == seed
 
 
-def test_the_seed_is_reached_where_the_balancer_reaches_it(monkeypatch):
+@pytest.mark.parametrize(("front", "url"), [
+    ("rig-a.lan:8000", "http://rig-a.lan:8082"),
+    ("[fd00::11]:8000", "http://[fd00::11]:8082"),  # an IPv6 seed: in brackets
+])
+def test_the_seed_is_reached_where_the_balancer_reaches_it(monkeypatch, front, url):
     hosts = [FakeHost(f"host{i}", ("gpu_hosts",), {}) for i in (1, 2)]
     state = SimpleNamespace(is_host_in_limit=lambda h: True, failed_hosts=set())
     monkeypatch.setattr(peers, "host", SimpleNamespace(name="host2", inventory=hosts,
                                                        state=state))
     monkeypatch.setattr(peers, "_desired",
-                        lambda name, data: _desired(IMAGE_ID, front="rig-a.lan:8000"))
+                        lambda name, data: _desired(IMAGE_ID, front=front))
     got = peers.peer_for(lambda want: True)
-    assert got is not None and got.url == "http://rig-a.lan:8082"
+    assert got is not None and got.url == url
 
