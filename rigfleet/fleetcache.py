@@ -62,13 +62,15 @@ proxy:
 
 
 def render_nginx_site(settings: CacheSettings) -> str:
-    """nginx serving ``cache_model_dir`` read-only on ``cache_model_port`` (docs/images.md)."""
+    """nginx serving ``cache_model_dir`` read-only on ``cache_model_port`` (docs/images.md); of
+    IPv6 too where the hosts reach the cache at an IPv6 address (``listen PORT`` is IPv4's)."""
+    v6 = f"\n    listen [::]:{settings.model_port};" if ":" in settings.address else ""
     return f"""\
 # Managed by rigfleet (roles/cache.py): the model cache, verified revisions only;
 # docs/images.md.
 log_format rigfleet_cache '{_LOG_FIELDS}';
 server {{
-    listen {settings.model_port};
+    listen {settings.model_port};{v6}
     root {settings.model_dir};
     access_log {MODEL_LOG} rigfleet_cache;
     autoindex off;

@@ -127,6 +127,11 @@ def test_nginx_site_serves_the_model_dir_read_only_and_hides_dot_names(tmp_path)
                                "cache_model_dir": "/srv/cache/models"})
     site = render_nginx_site(s)
     assert "listen 8081;" in site and "root /srv/cache/models;" in site
+    assert "[::]" not in site  # (a deployed IPv4 cache's site as it was)
+    # nginx's "listen 8081" is IPv4 only ([::] sockets are ipv6only=on since nginx 1.3.4)
+    v6 = validate_cache("lb1", {"api_key_file": str(key_file(tmp_path)),
+                                "cache_address": "fd00::5"})
+    assert "    listen 8081;\n    listen [::]:8081;\n" in render_nginx_site(v6)
     assert "location ~ /\\. {\n        return 404;" in site
     assert "limit_except GET {\n            deny all;" in site
     assert "autoindex off;" in site
