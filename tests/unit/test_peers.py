@@ -120,7 +120,7 @@ def test_the_server_answers_peers_over_ipv6_and_ipv4(serve, tmp_path, monkeypatc
 
     monkeypatch.setattr(serve, "Server", Seen)
     threading.Thread(target=serve.main, args=(["--port", "0", "--model-dir", str(tmp_path / "m"),
-                                               "--idle", "1"],), daemon=True).start()
+                                               "--idle", "60"],), daemon=True).start()
     for _ in range(100):
         if started:
             break
