@@ -22,7 +22,7 @@ DEFAULT_DRAIN_TIMEOUT_S = 600.0
 READY_TIMEOUT_S = 1200.0
 VRAM_TIMEOUT_S = 120.0
 GATE_TIMEOUT_S = 7200.0
-# stackctl.SystemOps's limits on ``docker compose up`` and ``down`` (``Plan.stop_timeout_s``).
+# The limits on ``docker compose up`` and ``down`` (stackctl.SystemOps; ``Plan.stop_timeout_s``).
 COMPOSE_UP_S, COMPOSE_DOWN_S = 600.0, 300.0
 RETRY_AFTER_S = 30
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}")

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from .drain import draining_workers
 from .layout import CONFIG_HASH_LABEL
+from .plan import COMPOSE_DOWN_S, COMPOSE_UP_S
+from .verify.client import ENGINE_GAVE_UP
 
 
 def smi_command(query: str) -> list[str]:
@@ -296,11 +298,11 @@ class SystemOps:
         """Always *recreated* (Genesis text-patches the container's writable layer: a
         restarted one re-patches patched files); never pulling (the deploy staged the image)."""
         return self._error(compose(file, project, "up", "-d", "--force-recreate",
-                                   "--remove-orphans", "--pull", "never"), 600.0)
+                                   "--remove-orphans", "--pull", "never"), COMPOSE_UP_S)
 
     def down(self, file: str, project: str) -> str | None:
         return self._error(compose(file, project, "down", "--remove-orphans", "--timeout",
-                                   "60"), 300.0)
+                                   "60"), COMPOSE_DOWN_S)
 
     def container(self, name: str) -> ContainerState | None:
         rc, out = run_cmd(["docker", "inspect", "--type", "container", "--format",
@@ -345,8 +347,11 @@ class SystemOps:
             return False, f"chat completion {status or 'no answer'}: {data[:200]!r}"
         try:
             choices = json.loads(data)["choices"]
-        except (ValueError, KeyError, TypeError):
+            reason = choices[0].get("finish_reason") if choices else None
+        except (ValueError, KeyError, TypeError, AttributeError):
             return False, "chat completion without choices"
+        if reason in ENGINE_GAVE_UP:
+            return False, f'the engine gave up on the reply (finish_reason "{reason}")'
         return bool(choices), "answered"
 
     def metrics(self, port: int) -> str | None:

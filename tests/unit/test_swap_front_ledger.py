@@ -322,3 +322,16 @@ def test_record_on_a_full_disk_says_why_without_a_traceback(lay, capsys, monkeyp
                "--config-hash", "1111aaaa2222bbbb"])
     err = capsys.readouterr().err
     assert rc == 1 and err.startswith("rigfleet-host record: ") and "No space left" in err
+
+
+@pytest.mark.parametrize("reason", ["abort", "error"])
+def test_a_reply_the_engine_gave_up_on_is_no_answer_after_a_rollback(monkeypatch, reason):
+    """The rollback's chat check: vLLM answers 200 with ``finish_reason: abort`` when its engine
+    gives up on a request; the old stack has not answered then."""
+    body = json.dumps({"choices": [{"message": {"content": "rea"}, "finish_reason": reason}]})
+    monkeypatch.setattr("rigfleet.hostside.stackctl.http_request",
+                        lambda *a, **k: (200, {}, body.encode()))
+    ok, why = SystemOps().chat(8000, "m")
+    assert not ok and f'finish_reason "{reason}"' in why
+    body = json.dumps({"choices": [{"message": {"content": "ready"}, "finish_reason": "stop"}]})
+    assert SystemOps().chat(8000, "m") == (True, "answered")

@@ -24,6 +24,9 @@ from typing import Any
 USER_AGENT = "rigfleet-verify/1"
 CA_FILE_ENV = "RIGFLEET_CA_FILE"
 
+# Finish reasons of a reply the engine gave up on (vLLM's ``abort``; ``error``, answered 500).
+ENGINE_GAVE_UP = ("abort", "error")
+
 
 @dataclass
 class HttpResult:
@@ -284,9 +287,9 @@ def _read_choices(out: ChatResult, event: dict[str, Any], calls: dict[int, dict[
 
 
 def _finished(out: ChatResult, reason: Any) -> None:
-    """A reply vLLM's engine gave up on (``abort``; ``error``, which vLLM answers 500) failed."""
+    """A reply the engine gave up on failed."""
     out.finish_reason = reason
-    if reason in ("abort", "error") and not out.error:
+    if reason in ENGINE_GAVE_UP and not out.error:
         out.error = f'the engine gave up on the reply (finish_reason "{reason}"): see its log'
 
 
