@@ -8,7 +8,6 @@ verified model revisions; what it serves and how hosts reach it::
 from __future__ import annotations
 
 import posixpath
-import re
 import shlex
 from collections.abc import Iterable
 from contextlib import suppress
@@ -17,7 +16,6 @@ from typing import Any
 from rigfleet.hostdata import CacheSettings, HostDataError, validate_cache
 from rigfleet.hostside.layout import HOST
 from rigfleet.inventory import host_kind
-from rigfleet.validate import Problems
 
 REGISTRY_CONFIG = "/etc/docker/registry/config.yml"
 # Debian's docker-registry package: its storage (its user's), unit, binary and the unit's user.
@@ -28,9 +26,6 @@ REGISTRY_USER = "docker-registry"
 NGINX_SITE = "/etc/nginx/conf.d/rigfleet-cache.conf"
 # nginx's log of what the model cache served (one line per request: bytes, status, path).
 MODEL_LOG = "/var/log/nginx/rigfleet-cache.log"
-# What nginx's ``root`` cannot take as written (``render_nginx_site``): it would split, end or
-# expand the path there.
-_NOT_NGINX = re.compile(r"[\s;{}#$\"'\\]")
 _LOG_FIELDS = "$time_iso8601 $remote_addr $status $body_bytes_sent $request_method $uri"
 
 
@@ -147,15 +142,8 @@ def seed_command(upstream: str, path: str, digest: str, marker: str) -> str:
 
 
 def validate_cache_host(name: str, groups: Iterable[str], data: Any) -> CacheSettings:
-    """``validate_cache`` given the ports the host's other services take, and a model dir that
-    nginx serves as written; ``HostDataError``."""
-    settings = validate_cache(name, data, host_kind(groups))
-    if _NOT_NGINX.search(settings.model_dir):
-        p = Problems(name)
-        p.bad("cache_model_dir", settings.model_dir, "an absolute directory without spaces or "
-              "any of ;{}#$\"'\\", "cannot be nginx's root as written (the model cache site)")
-        p.raise_if_any(HostDataError)
-    return settings
+    """``validate_cache`` given the ports the host's other services take; ``HostDataError``."""
+    return validate_cache(name, data, host_kind(groups))
 
 
 def cache_settings(inventory: Iterable[Any]) -> list[CacheSettings]:

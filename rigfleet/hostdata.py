@@ -54,6 +54,18 @@ _host = valid_if(host_name_or_ip)
 _as_is = valid_if(lambda value: True)  # no check of its own (control characters aside)
 _PORT = "a TCP port 1..65535"
 _HOST_TEXT = "a host name or an IP address (no port)"
+# What nginx's ``root`` (the model cache site) would split, end or expand as written.
+_NOT_NGINX = re.compile(r"[\s;{}#$\"'\\]")
+
+
+def _nginx_root(c: HostChecker, key: Key, value: Any) -> str | None:
+    if isinstance(value, str) and _NOT_NGINX.search(value):
+        c.bad(key.name, value, key.allowed, "cannot be nginx's root as written (the model cache "
+              "site)")
+        return None
+    return c.model_dir(key, value)
+
+
 # The order is the order of the checks (a key's check may read the keys before it).
 KEYS: dict[str, Key] = {k.name: k for k in (
     Key("stacks_dir", _C.stacks_dir, None, "a directory of stack files on this (control) "
@@ -222,9 +234,9 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         group="Cache"),
     Key("cache_model_port", _port, 8081, _PORT, "the model cache's port (nginx, read-only files "
         "of verified revisions)", on="cache", group="Cache"),
-    Key("cache_model_dir", _C.model_dir, "/srv/rigfleet-cache/models", "an absolute, "
-        "normalised directory other than a system one", "where the cache keeps verified model "
-        "revisions (<repo>/<revision>/)", on="cache", group="Cache"),
+    Key("cache_model_dir", _nginx_root, "/srv/rigfleet-cache/models", "an absolute, normalised "
+        "directory other than a system one, without spaces or any of ;{}#$\"'\\", "where the "
+        "cache keeps verified model revisions (<repo>/<revision>/)", on="cache", group="Cache"),
 )}
 KEY_DEFAULTS: dict[str, Any] = {
     k.name: None if k.default is REQUIRED else k.default for k in KEYS.values()}
