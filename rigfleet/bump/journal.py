@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from rigfleet import pins as pins_file
-from rigfleet.bump.plan import Plan, PlanHost
+from rigfleet.bump.plan import Plan, PlanHost, Status
 from rigfleet.catalog import Catalog
 from rigfleet.hostside.records import now_iso
 from rigfleet.pins import Pins, PinsError, StackPins, parse_pins, stack_dict, write_keeping_mode
 from rigfleet.validate import Problems
 
 SCHEMA = "rigfleet-bump-journal/1"
-# Outcomes as rigfleet.bump.rollout.Status spells them.
-STATUSES = ("promoted", "failed", "lost", "skipped", "not attempted", "up to date")
+# A bump's outcomes (a roll's own are never journalled).
+STATUSES = [s for s in Status if s not in (Status.CONVERGED, Status.MAINTAINED)]
 _KEYS = ("schema", "id", "started", "updated", "by", "owner", "pins_file", "base_serial",
          "new_stacks", "candidate", "version", "hosts", "canary", "batches", "skipped",
          "up_to_date", "batch_size", "max_failures", "outcomes", "deploying", "stopped",

@@ -10,11 +10,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 from rigfleet.batches import in_batches
 from rigfleet.pins import Pins, StackPins
 
 CANARY_GROUP = "canary"
+
+
+class Status(StrEnum):
+    """One host's outcome, for every rollout (bump and rollback promote, a roll converges)."""
+
+    PROMOTED = "promoted"
+    CONVERGED = "converged"  # a roll's run changed nothing that disturbs serving
+    MAINTAINED = "maintained"  # a roll's maintenance window closed: recreated, gate passed
+    FAILED = "failed"  # the swap rolled back, or the deploy failed on the host
+    LOST = "lost"  # unreachable after its deploy started: state unknown
+    SKIPPED = "skipped"  # unreachable before its batch (or at the start)
+    NOT_ATTEMPTED = "not attempted"  # the rollout stopped before its batch
+    UP_TO_DATE = "up to date"
 
 
 @dataclass(frozen=True)

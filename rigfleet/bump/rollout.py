@@ -18,33 +18,18 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 from rigfleet.bump.journal import BumpJournal
-from rigfleet.bump.plan import Plan
+from rigfleet.bump.plan import Plan, Status
 from rigfleet.fleetview import each_host, probe_or_why
 from rigfleet.hostprobe import HostProbe, run_probe
 from rigfleet.hostside.records import GateRecord
 from rigfleet.inventory import InventoryHost
 from rigfleet.pins import Pins, StackPins
 from rigfleet.ssh import Remote
-
-
-class Status(StrEnum):
-    """One host's outcome, for every rollout (bump and rollback promote, a roll converges)."""
-
-    PROMOTED = "promoted"
-    CONVERGED = "converged"  # a roll's run changed nothing that disturbs serving
-    MAINTAINED = "maintained"  # a roll's maintenance window closed: recreated, gate passed
-    FAILED = "failed"  # the swap rolled back, or the deploy failed on the host
-    LOST = "lost"  # unreachable after its deploy started: state unknown
-    SKIPPED = "skipped"  # unreachable before its batch (or at the start)
-    NOT_ATTEMPTED = "not attempted"  # the rollout stopped before its batch
-    UP_TO_DATE = "up to date"
-
 
 BAD = (Status.FAILED, Status.LOST, Status.NOT_ATTEMPTED)
 

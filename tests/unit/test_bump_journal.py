@@ -325,13 +325,17 @@ def test_a_broken_journal_is_refused_naming_file_key_and_value(tmp_path):
     journal = journal_for(plan)
     data = json.loads(journal.path.read_text())
     data["new_stacks"]["int8"]["digest"] = "sha256:nothex"
-    data["outcomes"] = {"host9": {"status": "promoted"}}
+    data["outcomes"] = {"host9": {"status": "promoted"}, "host1": {"status": "converged"}}
     journal.path.write_text(json.dumps(data))
     with pytest.raises(JournalError) as e:
         load_journal(load_pins(plan.pins.path))
     text = str(e.value)
     assert f"{journal.path}: new_stacks.int8.digest: 'sha256:nothex'" in text
     assert f"{journal.path}: outcomes.host9:" in text
+    # A roll's own outcome is never a bump's.
+    assert (f"{journal.path}: outcomes.host1: {{'status': 'converged'}} is not valid; allowed: a "
+            "journal host's {status: promoted, failed, lost, skipped, not attempted, up to date"
+            in text)
     journal.path.write_text("{not json")
     with pytest.raises(JournalError, match="not JSON"):
         load_journal(load_pins(plan.pins.path))
