@@ -18,6 +18,7 @@ from rich.text import Text
 from rigfleet import __version__
 from rigfleet.cliargs import (
     UsageError,
+    add_rollout,
     add_yes,
     confirm,
     console,
@@ -96,9 +97,6 @@ def cmd_roll(args: argparse.Namespace) -> int:
     from rigfleet.roll import plan_batches, roll, roll_record
     from rigfleet.ssh import SshRemote
 
-    if args.batch < 1 or args.max_failures < 1:
-        raise UsageError(f"--batch {args.batch} / --max-failures {args.max_failures}: allowed: "
-                         "integers >= 1")
     hosts = load_inventory(args.inventory)
     chosen = select(hosts, args.limit, args.inventory)
     names = [h.name for h in chosen]
@@ -214,14 +212,8 @@ def _add_roll(sub: Any) -> None:
                         description="Converge the fleet (pyinfra, deploy.py) one batch at a "
                                     "time: bare hosts first, together, then serving hosts "
                                     "--batch at a time. Asks before it starts unless --yes.")
-    ro.add_argument("--batch", type=int, default=1,
-                    help="serving hosts per pyinfra run (default 1; bare hosts go first, "
-                         "together)")
-    ro.add_argument("--max-failures", type=int, default=1,
-                    help="stop after this many failed hosts (default 1)")
-    ro.add_argument("--deploy", default=str(PROJECT_ROOT / "deploy.py"),
-                    help="the deploy file (default: this checkout's deploy.py)")
-    ro.add_argument("--dry", action="store_true", help="print the batches; run nothing")
+    add_rollout(ro, "--batch", "serving hosts per pyinfra run (default 1; bare hosts go first, "
+                "together)", canary=False)
     add_yes(ro, "start the roll")
     ro.set_defaults(func=cmd_roll)
 

@@ -23,6 +23,7 @@ from rigfleet import inventory as _inventory
 from rigfleet.errors import RigfleetError
 from rigfleet.hostside.argtypes import positive
 from rigfleet.inventory import InventoryError, InventoryHost
+from rigfleet.resources import PROJECT_ROOT
 
 DEFAULT_INVENTORY = "inventory/home.py"
 EXIT_USAGE = 2
@@ -81,6 +82,26 @@ def host_command(subparsers: Any, name: str, help: str, doc: str) -> argparse.Ar
     p = ssh_command(subparsers, name, help, doc)
     p.add_argument("host", metavar="HOST", help="an inventory host")
     return p
+
+
+def one_or_more(text: str) -> int:
+    """An integer >= 1 (hosts per batch, failed hosts that stop a rollout)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: an integer >= 1")
+    return int(text)
+
+
+def add_rollout(p: argparse.ArgumentParser, batch: str = "--batch-size",
+                batch_help: str = "hosts per batch after the canary (default 1)",
+                canary: bool = True) -> None:
+    """The options of a command that deploys hosts batch by batch (bump, rollback, roll)."""
+    p.add_argument(batch, type=one_or_more, default=1, metavar="N", help=batch_help)
+    p.add_argument("--max-failures", type=one_or_more, default=1, metavar="N",
+                   help="stop after this many failed hosts (default 1"
+                   + ("; a failed canary always stops)" if canary else ")"))
+    p.add_argument("--deploy", default=str(PROJECT_ROOT / "deploy.py"),
+                   help="the deploy file (default: this checkout's deploy.py)")
+    p.add_argument("--dry", action="store_true", help="print the plan; change nothing")
 
 
 def add_yes(p: argparse.ArgumentParser, what: str) -> None:

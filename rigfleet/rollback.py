@@ -38,11 +38,10 @@ from rigfleet.bump.output import (
     refused,
 )
 from rigfleet.bump.plan import Plan, build_plan, pin_text
-from rigfleet.cliargs import UsageError, select, ssh_command
+from rigfleet.cliargs import UsageError, add_rollout, select, ssh_command
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import reachability
 from rigfleet.pins import GenesisPin, Pins, StackPins, parse_pins
-from rigfleet.resources import PROJECT_ROOT
 from rigfleet.ssh import SshRemote
 from rigfleet.tables import Table, show
 
@@ -131,12 +130,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--to", type=int, metavar="N",
                    help="the pins serial to go back to (default: before the last bump or "
                         "rollback)")
-    p.add_argument("--batch-size", type=int, default=1, help="hosts per batch after the canary")
-    p.add_argument("--max-failures", type=int, default=1,
-                   help="stop after this many failed hosts (a failed canary always stops)")
-    p.add_argument("--deploy", default=str(PROJECT_ROOT / "deploy.py"),
-                   help="the deploy file (default: this checkout's deploy.py)")
-    p.add_argument("--dry", action="store_true", help="print the plan; change nothing")
+    add_rollout(p)
     p.add_argument("--yes", "-y", action="store_true", help="do not ask before rolling back")
     p.set_defaults(func=run)
 

@@ -63,12 +63,11 @@ from rigfleet.bump.output import (
 )
 from rigfleet.bump.plan import Plan, build_plan
 from rigfleet.check import Online, online_pass, verify_pins
-from rigfleet.cliargs import UsageError, add_yes, run_command, select, ssh_command
+from rigfleet.cliargs import UsageError, add_rollout, add_yes, run_command, select, ssh_command
 from rigfleet.errors import RigfleetError
 from rigfleet.fleetview import reachability
 from rigfleet.inventory import InventoryHost
 from rigfleet.registry import Registry, RegistryError
-from rigfleet.resources import PROJECT_ROOT
 from rigfleet.ssh import Remote, SshRemote
 
 
@@ -88,9 +87,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--stack", action="append", default=[], metavar="NAME",
                    help="bump only this stack (repeatable; default: every stack on the image's "
                         "repository, plus the Genesis stacks for --genesis)")
-    p.add_argument("--batch-size", type=int, default=1, help="hosts per batch after the canary")
-    p.add_argument("--max-failures", type=int, default=1,
-                   help="stop after this many failed hosts (a failed canary always stops)")
+    add_rollout(p)
     p.add_argument("--registry", help="registry v2 URL (default: inventory data bump_registry, "
                                       "else Docker Hub)")
     p.add_argument("--genesis-url",
@@ -103,9 +100,6 @@ def add_parser(subparsers: Any) -> None:
                         "e.g. http://registry.lan:5000 (default: inventory data bump_mirror)")
     p.add_argument("--no-prune", action="store_true",
                    help="keep every vllm image on the hosts (default: keep new + previous)")
-    p.add_argument("--deploy", default=str(PROJECT_ROOT / "deploy.py"),
-                   help="the deploy file (default: this checkout's deploy.py)")
-    p.add_argument("--dry", action="store_true", help="print the plan; change nothing")
     add_yes(p, "roll out")
     p.add_argument("--abandon", action="store_true",
                    help="an unfinished bump's journal is beside the pins file: record what it "

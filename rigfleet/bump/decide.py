@@ -72,11 +72,6 @@ class BumpOptions:
     def __post_init__(self) -> None:
         if self.rollback_to is None and not (self.image or self.latest or self.genesis):
             raise UsageError("give --image TAG, --latest or --genesis COMMIT")
-        for flag, n, unit in (("--batch-size", self.batch_size, "hosts per batch"),
-                              ("--max-failures", self.max_failures,
-                               "(the rollout stops at that many failed hosts)")):
-            if n < 1:
-                raise UsageError(f"{flag}: {n} is not allowed; allowed: 1 or more {unit}")
         for flag, url in (("--registry", self.registry), ("--push-mirror", self.push_mirror)):
             # Checked now: a --push-mirror without a scheme failed only after the rollout.
             if url is not None and (urlsplit(url).scheme not in ("http", "https")

@@ -102,14 +102,6 @@ def test_candidate_pins_move_the_rollout_hosts_and_take_the_next_serial(tmp_path
     parse_pins(yaml.safe_load(dump_pins(cand)), str(tmp_path / ".cand.yaml"))
 
 
-def test_batch_size_and_max_failures_are_checked() -> None:
-    # BumpOptions checks them for bump and rollback alike, before any plan is built.
-    with pytest.raises(ValueError, match="--batch-size: 0 is not allowed"):
-        BumpOptions(inventory="inv.py", deploy="deploy.py", latest=True, batch_size=0)
-    with pytest.raises(ValueError, match="--max-failures: 0 is not allowed"):
-        BumpOptions(inventory="inv.py", deploy="deploy.py", rollback_to=1, max_failures=0)
-
-
 def test_genesis_alone_over_pins_without_a_genesis_stack_says_so(tmp_path: Path) -> None:
     """``--genesis C`` when no stack pins Genesis said "no pinned stack uses None"."""
     from rigfleet.bump.decide import BumpError, bumped_stacks
@@ -150,7 +142,7 @@ def test_bad_flags_exit_2_like_argparse(tmp_path: Path, capsys, flags: list[str]
     except SystemExit as e:
         code = int(e.code or 0)
     assert code == 2
-    assert ("is not allowed" if flags else "give --image") in capsys.readouterr().err
+    assert ("allowed:" if flags else "give --image") in capsys.readouterr().err
 
 
 # --- pins: the hosts section ------------------------------------------------------------------

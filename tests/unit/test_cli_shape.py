@@ -194,3 +194,17 @@ def test_roll_without_a_terminal_refuses_before_anything_runs(tmp_path):
                           stdin=subprocess.DEVNULL, cwd=Path(__file__).parents[2], timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert "reached no host" in " ".join(proc.stderr.split())
+
+
+@pytest.mark.parametrize("argv", [["bump", "--latest", "--batch-size", "0"],
+                                  ["bump", "--latest", "--max-failures", "0"],
+                                  ["rollback", "--batch-size", "0"],
+                                  ["rollback", "--max-failures", "-1"],
+                                  ["roll", "--batch", "0"], ["roll", "--max-failures", "0"]],
+                         ids=" ".join)
+def test_batches_and_failures_below_one_are_refused_before_anything_runs(argv, tmp_path, capsys):
+    """One rule for the options ``add_rollout`` defines (bump, rollback and roll each checked
+    them in their own words, rollback and roll only after reading the inventory)."""
+    assert _exit([*argv, "--inventory", str(tmp_path / "none.py")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"argument {argv[-2]}: '{argv[-1]}': allowed: an integer >= 1" in err
