@@ -132,9 +132,6 @@ def _pins(path: str, settings: HostSettings | None, data: Any, out: Checked) -> 
 
 def _agree(settings: HostSettings, pins: Pins) -> list[str]:
     """What the host's data and its pins must agree on."""
-    if settings.stack not in pins.stacks:
-        return [f"{settings.name}: stack: {settings.stack!r} is not pinned in {pins.path}; "
-                f"allowed: {', '.join(pins.stacks)}"]
     staged = staged_stacks(settings, pins)
     return (unpinned_stacks(settings, pins) + check_switch_sets(settings, pins, staged)
             + check_image_rules(settings, pins, staged))

@@ -146,12 +146,13 @@ def staged_stacks(settings: HostSettings, pins: Pins) -> list[StackSpec]:
 
 
 def unpinned_stacks(settings: HostSettings, pins: Pins) -> list[str]:
-    """Host data ``stacks`` may name only pinned stacks: one line per other name."""
-    return [f"{settings.name}: stacks: {name!r} is not pinned in {pins.path} (it has no "
+    """Host data ``stack`` and ``stacks`` may name only pinned stacks: one line per other name."""
+    return [f"{settings.name}: {key}: {name!r} is not pinned in {pins.path} (it has no "
             f"stacks.{name} entry); allowed: a pinned stack "
             f"({', '.join(pins.stacks) or 'none pinned'}): pin it there (docs/stacks.md) and "
-            "run `rigfleet pins lock`, or leave it out of stacks"
-            for name in settings.stacks or () if name not in pins.stacks]
+            f"run `rigfleet pins lock`{', or leave it out of stacks' * (key == 'stacks')}"
+            for key, names in (("stack", (settings.stack,)), ("stacks", settings.stacks or ()))
+            for name in names if name not in pins.stacks]
 
 
 def stack_gate_set(spec: StackSpec, settings: HostSettings) -> tuple[str, ...]:
@@ -173,11 +174,7 @@ def gate_profile(settings: HostSettings, spec: StackSpec) -> Profile:
 
 def check_pinned(settings: HostSettings, pins: Pins) -> list[str]:
     """The desired stack must be pinned, and nothing pinned may be ``unresolved``."""
-    problems = []
-    if settings.stack not in pins.stacks:
-        problems.append(f"{settings.name}: stack: {settings.stack!r} is not pinned in "
-                        f"{pins.path}; allowed: {', '.join(pins.stacks) or '(no stacks pinned)'}")
-    problems += unpinned_stacks(settings, pins)
+    problems = unpinned_stacks(settings, pins)
     if unresolved := pins.unresolved():
         problems.append(f"{settings.name}: {pins.path}: {', '.join(unresolved)}: 'unresolved'; "
                         "allowed: a resolved value (run `rigfleet pins lock`)")

@@ -150,3 +150,20 @@ def test_host_data_stacks_naming_an_unpinned_stack_is_refused(tmp_path: Path) ->
     assert "rigfleet pins lock" in str(e.value)
     from rigfleet.check import _agree
     assert any("stacks: 'int8-next' is not pinned" in p for p in _agree(settings, pins))
+
+
+def test_an_unpinned_stack_reads_the_same_to_the_deploy_and_to_check(tmp_path: Path) -> None:
+    """`stack` naming a stack pins.yaml lacks: one wording for the deploy and for check."""
+    spec = second_stack("int8-next")
+    base = make_host(tmp_path)
+    pins = make_pins()
+    settings = replace(base, catalog=Catalog({**base.catalog.stacks, spec.name: spec}),
+                       stack="int8-next")
+    line = (f"{base.name}: stack: 'int8-next' is not pinned in {pins.path} (it has no "
+            f"stacks.int8-next entry); allowed: a pinned stack ({', '.join(pins.stacks)}): pin "
+            "it there (docs/stacks.md) and run `rigfleet pins lock`")
+    with pytest.raises(PinsError) as e:
+        build_desired(settings, pins)
+    assert e.value.problems == [line]
+    from rigfleet.check import _agree
+    assert line in _agree(settings, pins)
