@@ -14,8 +14,8 @@ from pathlib import Path
 
 from rigfleet.hostdata import HostSettings
 from rigfleet.image_sources import NO_CHECK, ImageSource
-from rigfleet.images.archive import ArchiveError, archive_name, inspect_archive
-from rigfleet.images.hoststate import HostImageState
+from rigfleet.images.archive import ArchiveError, ArchiveInfo, archive_name, inspect_archive
+from rigfleet.images.hoststate import HostArchive, HostImageState
 from rigfleet.images.plan import SourceResult, WantedImage, registry_ref
 from rigfleet.registry import (
     DOCKER_HUB,
@@ -108,48 +108,43 @@ class SourceChecker:
         return None, found.layer_bytes, found.image_id
 
     def archive(self, index: int, source: ImageSource, w: WantedImage) -> SourceResult:
-        path = str(source.path)
-        p = Path(path)
-        if not p.is_dir() and not p.is_file():
-            return SourceResult(index, source, False, f"{path}: no such file or directory")
-        files = sorted(f for f in p.glob("*.tar") if f.is_file()) if p.is_dir() else [p]
-        if not files:
-            return SourceResult(index, source, False, f"{path}: holds no *.tar archive")
-        # The file `rigfleet images export` would have written for this name goes first.
-        files.sort(key=lambda f: f.name != archive_name(w.image))
-        seen: list[str] = []
-        for f in files:
-            try:
-                info = inspect_archive(f)
-            except ArchiveError as e:
-                seen.append(str(e))
-                continue
-            if info.holds(w.image_id):
-                return SourceResult(index, source, True, f"{f} holds image id "
-                                    f"{str(w.image_id)[:19]}", info.size, str(f))
-            seen.append(f"{f.name} holds {info.label}")
-        return SourceResult(index, source, False, f"no archive there holds image id "
-                            f"{w.image_id} ({'; '.join(seen)})")
+        p = Path(str(source.path))
+        files = (sorted(str(f) for f in p.glob("*.tar") if f.is_file()) if p.is_dir()
+                 else [str(p)] if p.is_file() else None)
+        return _archives(index, source, w, files, inspect_archive, "on this machine")
 
 
 def host_archive(index: int, source: ImageSource, w: WantedImage,
                  state: HostImageState) -> SourceResult:
+    def read(f: str) -> HostArchive:
+        if (found := state.archives[f]).error:
+            raise ArchiveError(f"{f}: {found.error}")
+        return found
+
+    return _archives(index, source, w, state.archive_files(str(source.path)), read, "on the host")
+
+
+def _archives(index: int, source: ImageSource, w: WantedImage, files: Sequence[str] | None,
+              read: Callable[[str], ArchiveInfo | HostArchive], where: str) -> SourceResult:
+    """The first of ``files`` (None: ``source.path`` is missing) that ``read`` finds holding
+    ``w``'s image id; the file `rigfleet images export` would have written for it goes first."""
     path = str(source.path)
-    files = state.archive_files(path)
     if files is None:
-        return SourceResult(index, source, False, f"{path} is missing on the host")
+        return SourceResult(index, source, False, f"{path} is missing {where}")
     if not files:
-        return SourceResult(index, source, False, f"{path} on the host holds no *.tar archive")
+        return SourceResult(index, source, False, f"{path} {where} holds no *.tar archive")
     seen = []
-    for f in sorted(files, key=lambda f: not f.endswith("/" + archive_name(w.image))):
-        found = state.archives[f]
-        if found.error:
-            seen.append(f"{f}: {found.error}")
-        elif any(i.image_id == w.image_id for i in found.images):
-            return SourceResult(index, source, True, f"{f} on the host holds image id "
+    for f in sorted(files, key=lambda f: Path(f).name != archive_name(w.image)):
+        try:
+            found = read(f)
+        except ArchiveError as e:
+            seen.append(str(e))
+            continue
+        if any(i.image_id == w.image_id for i in found.images):
+            return SourceResult(index, source, True, f"{f} {where} holds image id "
                                 f"{str(w.image_id)[:19]}", found.size, f)
-        else:
-            seen.append(f"{f} holds " + (", ".join(i.label for i in found.images) or "nothing"))
+        seen.append(f"{Path(f).name} holds "
+                    + (", ".join(i.label for i in found.images) or "no image"))
     return SourceResult(index, source, False, f"no archive there holds image id {w.image_id} "
                         f"({'; '.join(seen)})")
 

@@ -259,7 +259,7 @@ def test_a_nightly_no_source_has_is_refused_naming_each_source(refused):
             f"http://127.0.0.1:{layout.REGISTRY_LOCAL_PORT} (HTTP 404") in out
     assert "vLLM keeps only the 14 newest nightly-* tags" in out
     assert f"{b}: image_sources[1] (archive {TEN_ARCHIVES}" in out
-    assert f"{TEN_ARCHIVES}: holds no *.tar archive" in out
+    assert f"{TEN_ARCHIVES} on this machine holds no *.tar archive" in out
     assert snapshot(f.b) == f.before[b]
 
 

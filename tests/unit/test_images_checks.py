@@ -110,11 +110,11 @@ def test_control_archive_mismatch_missing_and_no_image_id(tmp_path) -> None:
                                      f"holds {other_id[:19]} (vllm/vllm-openai:v0.21.0))")
     [r] = c.results(w, settings(ImageSource("archive", path=str(tmp_path / "gone"))),
                     HostImageState())
-    assert r.reason == f"{tmp_path / 'gone'}: no such file or directory"
+    assert r.reason == f"{tmp_path / 'gone'} is missing on this machine"
     empty = tmp_path / "empty"
     empty.mkdir()
     [r] = c.results(w, settings(ImageSource("archive", path=str(empty))), HostImageState())
-    assert r.reason == f"{empty}: holds no *.tar archive"
+    assert r.reason == f"{empty} on this machine holds no *.tar archive"
     [r] = c.results(WantedImage(IMAGE, DIGEST, None, ()),
                     settings(ImageSource("archive", path=str(other))), HostImageState())
     assert "the pins carry no image_id" in r.reason and "rigfleet pins lock" in r.reason

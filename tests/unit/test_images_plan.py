@@ -166,7 +166,7 @@ def test_the_first_source_that_holds_it_is_used() -> None:
 
 def test_no_source_refuses_naming_the_image_and_each_source() -> None:
     tried = [SourceResult(0, HUB, False, "vllm/vllm-openai@sha256:dd... is not there (HTTP 404)"),
-             SourceResult(1, ARCHIVE, False, "/srv/archive: no such file or directory"),
+             SourceResult(1, ARCHIVE, False, "/srv/archive is missing on this machine"),
              SourceResult(2, HOST_ARCHIVE, False, "/srv/images is missing on the host")]
     plan = plan_host("host1", [W], state(), {IMAGE: tried})
     head, *lines = plan.problems
@@ -175,8 +175,8 @@ def test_no_source_refuses_naming_the_image_and_each_source() -> None:
     assert f"digest {DIGEST}, image id {IMAGE_ID}" in head and "allowed:" in head
     assert lines == [
         "host1: image_sources[0] (hub): vllm/vllm-openai@sha256:dd... is not there (HTTP 404)",
-        "host1: image_sources[1] (archive /srv/archive (this machine)): /srv/archive: no such "
-        "file or directory",
+        "host1: image_sources[1] (archive /srv/archive (this machine)): /srv/archive is "
+        "missing on this machine",
         "host1: image_sources[2] (host-archive /srv/images): /srv/images is missing on the host",
     ]
 
