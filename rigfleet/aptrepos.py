@@ -11,9 +11,8 @@ import string
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlsplit
 
-from rigfleet.validate import Problems, has_control
+from rigfleet.validate import Problems
 
 REQUIRED_APT_REPOS = ("cuda", "nvidia-container-toolkit")  # the driver's and the toolkit's
 
@@ -179,26 +178,11 @@ def _templated_url(p: Problems, key: str, value: Any) -> str | None:
         return None
     if not _placeholders(p, key, value):
         return None
-    # Check the URL as it will be once the placeholders are filled for some host.
+    # Checked as it will be once the placeholders are filled for some host.
     sample = value.replace("$(ARCH)", "amd64").format(
         id="ubuntu", version="24.04", codename="noble", distro="ubuntu2404")
-    try:  # a broken [IPv6] host, a port not 0..65535 or not digits
-        parts = urlsplit(sample)
-        port_ok = parts.port != 0
-    except ValueError:
-        parts, port_ok = urlsplit(""), False
-    if (not port_ok or parts.scheme not in ("http", "https") or not parts.hostname
-            or any(ch.isspace() for ch in sample) or has_control(sample)):
-        p.bad(key, value, allowed)
-        return None
-    if parts.username is not None or parts.password is not None:
-        # Named without them: the URL would reach the host's world-readable sources file, the
-        # key fetch's process arguments and `rigfleet check`'s table.
-        p.bad(key, re.sub(r"//[^/]*@", "//***@", value, count=1), "a URL without credentials "
-              "(apt reads a repository's from /etc/apt/auth.conf.d)",
-              "carries credentials (user:password@)")
-        return None
-    return value
+    return p.url(key, value, allowed, sample, "apt reads a repository's from "
+                 "/etc/apt/auth.conf.d")
 
 
 def _placeholders(p: Problems, key: str, value: str) -> bool:

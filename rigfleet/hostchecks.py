@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import yaml
 
@@ -47,7 +46,6 @@ POWER_CAP_RANGE_W = (50, 600)
 MIN_API_KEY_CHARS = 16
 _ADDRESS = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
 _HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})")
-URL_ALLOWED = "an http:// or https:// URL with a host, e.g. 'http://mirror.lan:5000'"
 # model_dir is root's and pruned: never a home, nor inside the system's or rigfleet's trees.
 _RIGFLEET_TREES = (ETC_ROOT, STATE_ROOT, OPT_ROOT, CACHE_ROOT, LIB_ROOT)
 _NOT_INSIDE = _RIGFLEET_TREES + (
@@ -290,28 +288,6 @@ class HostChecker(Problems):
                      "'route' and 'receivers'", "is not one")
             return None
         return str(path)
-
-    def url(self, key: str, value: Any) -> str | None:
-        """An http(s) URL without credentials (also ``image_sources``' registry URLs)."""
-        if value is None:
-            return None
-        try:  # urlsplit refuses a broken [IPv6] host; .port a port not 0..65535 or not digits
-            parts = urlsplit(value) if isinstance(value, str) else None
-            port_ok = parts is not None and parts.port != 0
-        except ValueError:
-            parts, port_ok = None, False
-        if (parts is None or not port_ok or any(ch.isspace() for ch in value)
-                or parts.scheme not in ("http", "https") or not parts.hostname):
-            self.bad(key, value, URL_ALLOWED)
-            return None
-        if parts.username is not None or parts.password is not None:
-            # Named without the credentials: this message is logged. In the URL they would
-            # reach process arguments, an image's history or a world-readable file.
-            shown = parts._replace(netloc=f"***@{parts.netloc.rpartition('@')[2]}").geturl()
-            self.bad(key, shown, "a URL without credentials (an index or mirror on the "
-                     "LAN that needs none)", "carries credentials (user:password@)")
-            return None
-        return value
 
     def extra_env(self, key: Key, value: Any) -> dict[str, dict[str, str]]:
         if not isinstance(value, Mapping):

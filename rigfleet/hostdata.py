@@ -22,7 +22,6 @@ from rigfleet.hostchecks import (
     MIN_API_KEY_CHARS,
     POWER_CAP_RANGE_W,
     REQUIRED,
-    URL_ALLOWED,
     HostChecker,
     Key,
     by_name,
@@ -40,7 +39,14 @@ from rigfleet.image_sources import DEFAULT_SOURCES, KINDS, ImageSource, parse_so
 from rigfleet.inventory import HostKind
 from rigfleet.keytable import write_docs
 from rigfleet.tlsfiles import FrontTls, check_tls
-from rigfleet.validate import GIT_URL_ALLOWED, TOKEN_ALLOWED, Problems, ValidationError, is_int
+from rigfleet.validate import (
+    GIT_URL_ALLOWED,
+    TOKEN_ALLOWED,
+    URL_ALLOWED,
+    Problems,
+    ValidationError,
+    is_int,
+)
 
 _FLAG = "true or false (on the command line: --data KEY=1)"
 _SECRET = f"a file on this (control) machine, mode 0600, one line of {TOKEN_ALLOWED}"

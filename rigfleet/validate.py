@@ -19,6 +19,7 @@ import re
 from collections.abc import Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -47,6 +48,7 @@ GIT_URL = re.compile(r"(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+")
 GIT_URL_ALLOWED = ("a git URL without a password (https://, http://, ssh://, git://, file:// or "
                    "user@host:path; a private repository's credential goes in git's credential "
                    "helper or an SSH key)")
+URL_ALLOWED = "an http:// or https:// URL with a host, e.g. 'http://mirror.lan:5000'"
 # scheme://user:password@rest: the password would reach git's command line and progress lines
 _URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://)[^/@\s]*:[^/@\s]*@(\S*)", re.IGNORECASE)
 
@@ -273,6 +275,31 @@ class Problems:
                      "carries a password (user:password@)")
             return None
         return self.string(key, value, GIT_URL, allowed, required)
+
+    def url(self, key: str, value: Any, allowed: str = URL_ALLOWED, checked: str | None = None,
+            creds: str = "an index or mirror on the LAN that needs none") -> str | None:
+        """An http(s) URL with a host and no credentials (None: unset or refused); ``checked``:
+        the URL as it will be (placeholders filled), ``creds``: what to use instead of them."""
+        if value is None:
+            return None
+        checked = checked or value
+        try:  # urlsplit refuses a broken [IPv6] host; .port a port not 0..65535 or not digits
+            parts = urlsplit(checked) if isinstance(value, str) else None
+            port_ok = parts is not None and parts.port != 0
+        except ValueError:
+            parts, port_ok = None, False
+        if (parts is None or not port_ok or parts.scheme not in ("http", "https")
+                or not parts.hostname or has_control(checked)
+                or any(ch.isspace() for ch in checked)):
+            self.bad(key, value, allowed)
+            return None
+        if parts.username is not None or parts.password is not None:
+            # Named without them: in the URL they would reach process arguments, an image's
+            # history or a world-readable file (this message is logged).
+            self.bad(key, re.sub(r"//[^/]*@", "//***@", value, count=1),
+                     f"a URL without credentials ({creds})", "carries credentials (user:password@)")
+            return None
+        return str(value)
 
     def strings(self, key: str, value: Any, pattern: re.Pattern[str] | None = None,
                 allowed: str | None = None, required: bool = False) -> list[str] | None:

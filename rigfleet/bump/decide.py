@@ -40,11 +40,11 @@ from rigfleet.cliargs import UsageError
 from rigfleet.desired import resolve_pins_path
 from rigfleet.errors import RigfleetError
 from rigfleet.genesis import StackUse
-from rigfleet.hostchecks import URL_ALLOWED
 from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.inventory import InventoryHost, gpu_hosts, host_kind, load_inventory
 from rigfleet.pins import Pins, StackPins, load_pins, parse_pins
 from rigfleet.registry import DOCKER_HUB, Registry
+from rigfleet.validate import URL_ALLOWED
 
 
 @dataclass(frozen=True)

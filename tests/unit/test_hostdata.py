@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from rigfleet.aptrepos import AptRepo, nvidia_distro
-from rigfleet.hostchecks import URL_ALLOWED
 from rigfleet.hostdata import HostDataError, check_caps_against_gpus, validate_host
 from rigfleet.hostside.supervise import Policy
+from rigfleet.validate import URL_ALLOWED
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "k" * 64
