@@ -13,7 +13,6 @@ import ipaddress
 import os
 import posixpath
 import re
-import stat
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from rigfleet.catalog import CatalogError, builtin_catalog, load_catalog
 from rigfleet.hostside.layout import CACHE_ROOT, ETC_ROOT, LIB_ROOT, OPT_ROOT, STATE_ROOT
 from rigfleet.hostside.supervise import parse_backoff
 from rigfleet.hostside.verify.profiles import PROFILES, ProfileError, resolve
-from rigfleet.tlsfiles import private
+from rigfleet.tlsfiles import cert_file, local_text
 from rigfleet.validate import (
     SYSTEM_DIRS,
     TOKEN_ALLOWED,
@@ -38,7 +37,6 @@ from rigfleet.validate import (
     finite,
     is_int,
     is_system_dir,
-    secret_text,
 )
 
 # Any GPU's sane power cap; the card's own min..max is checked at deploy time.
@@ -232,28 +230,14 @@ class HostChecker(Problems):
         make = (f"umask 077; mkdir -p {path.parent}; "
                 + ("openssl rand -hex 32" if name == "api_key_file" else 'printf %s "$TOKEN"')
                 + f" > {path}")
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            self.bad(name, value, f"an existing file; create it: {make}", "does not exist")
-            return None
-        except OSError as e:
-            self.bad(name, value, "a readable file", f"cannot be read ({e.strerror})")
-            return None
-        if not stat.S_ISREG(st.st_mode):
-            self.bad(name, value, "a regular file", "is not a regular file")
-            return None
-        if not private(self, name, value, path, st.st_mode):
-            return None
-        try:
-            secret = secret_text(str(path))
-        except (OSError, UnicodeDecodeError) as e:
-            self.bad(name, value, "a readable UTF-8 file", f"cannot be read ({e})")
-            return None
         # The content is a secret: describe it, never show it.
+        allowed = f"a file holding the secret, mode 0600; create it: {make}"
+        if (found := local_text(self, name, value, allowed, "")) is None:
+            return None
+        secret = found[1].strip()
         least = MIN_API_KEY_CHARS if name == "api_key_file" else 1
         if not secret:
-            self.bad(name, value, f"a file holding the secret; create it: {make}", "is empty")
+            self.bad(name, value, allowed, "is empty")
         elif not TOKEN_CHARS.fullmatch(secret):
             odd = any(ch.isspace() for ch in secret) or not secret.isprintable()
             self.bad(name, value, f"one line of {TOKEN_ALLOWED} (it becomes NAME=value in "
@@ -270,18 +254,14 @@ class HostChecker(Problems):
     def alertmanager_file(self, key: Key, value: Any) -> str | None:
         """Alertmanager's config on this machine: private (it may hold credentials), YAML with
         ``route`` and ``receivers``; amtool checks the rest on the monitor."""
-        if self.string(key.name, value, None, key.allowed, required=False) is None:
-            return None  # left out, or not a path (a number, a list): refused as such
-        path = Path(os.path.expanduser(value)).absolute()
-        try:
-            st = path.stat()
-            doc = yaml.safe_load(path.read_text(encoding="utf-8")) if stat.S_ISREG(
-                st.st_mode) else None
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-            why = getattr(e, "strerror", None) or type(e).__name__
-            self.bad(key.name, value, "a readable YAML file", f"cannot be read ({why})")
+        if value is None or (found := local_text(self, key.name, value, key.allowed,
+                                                 " (it may hold credentials)")) is None:
             return None
-        if not private(self, key.name, value, path, st.st_mode, " (it may hold credentials)"):
+        path, text = found
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            self.bad(key.name, value, key.allowed, f"is not YAML ({type(e).__name__})")
             return None
         if not isinstance(doc, dict) or not {"route", "receivers"} <= doc.keys():
             self.bad(key.name, value, "Alertmanager's configuration: a YAML mapping with "
@@ -343,19 +323,8 @@ class HostChecker(Problems):
         if not isinstance(value, list | tuple):
             self.bad(key.name, value, "a list of PEM file paths")
             return ()
-        out = []
-        for i, path in enumerate(value):
-            p = Path(os.path.expanduser(str(path)))
-            text = ""
-            with suppress(OSError, UnicodeDecodeError):
-                text = p.read_text(encoding="utf-8")
-            if "-----BEGIN CERTIFICATE-----" not in text:
-                self.bad(f"{key.name}[{i}]", str(path),
-                         "a file holding '-----BEGIN CERTIFICATE-----'",
-                         "is not a readable PEM certificate")
-                continue
-            out.append(str(p.absolute()))
-        return tuple(out)
+        found = [cert_file(self, f"{key.name}[{i}]", path) for i, path in enumerate(value)]
+        return tuple(path for path in found if path is not None)
 
     def stacks(self, key: Key, value: Any) -> tuple[str, ...] | None:
         """Each must fit the host's GPUs, and the one it serves must be among them."""

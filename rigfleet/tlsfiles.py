@@ -1,5 +1,5 @@
 """TLS files of host data (``front_tls_*``, ``balancer_tls_*``) checked on the control machine,
-never showing the key.
+never showing the key; ``local_text`` reads every file host data names on this machine.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ def check_tls(p: Problems, values: Mapping[str, Any], prefix: str,
         p.missing(key_key if key is None else cert_key, f"both {cert_key} and {key_key} (PEM "
                   f"files on this machine), or neither (the {prefix} serves plain HTTP)")
         return None
-    cert_path = _cert_file(p, cert_key, cert)
+    cert_path = cert_file(p, cert_key, cert)
     key_path = _key_file(p, key_key, key)
-    ca_path = cert_path if ca is None else _cert_file(p, ca_key, ca)
+    ca_path = cert_path if ca is None else cert_file(p, ca_key, ca)
     if not (cert_path and key_path and ca_path):
         return None
     if problem := tls_pair_problem(cert_path, key_path, ca_path, cert_key):
@@ -62,30 +62,32 @@ def check_tls(p: Problems, values: Mapping[str, Any], prefix: str,
     return FrontTls(cert_path, key_path, ca_path)
 
 
-def _local_text(p: Problems, key: str, value: Any,
-                allowed: str) -> tuple[Path, str, os.stat_result] | None:
-    """A UTF-8 file on this (control) machine: (absolute path, text, stat) or None."""
+def local_text(p: Problems, key: str, value: Any, allowed: str,
+               private_why: str | None = None) -> tuple[Path, str] | None:
+    """A regular UTF-8 file on this (control) machine, with ``private_why`` the owner's alone
+    (why): (absolute path, text), or None with the problem in ``p``."""
     if not isinstance(value, str) or not value.strip():
         p.bad(key, value, allowed)
         return None
     path = Path(os.path.expanduser(value)).absolute()
     try:
-        st = path.stat()
-        text = path.read_text(encoding="utf-8")
+        if not stat.S_ISREG(mode := path.stat().st_mode):  # a FIFO would block the read
+            p.bad(key, value, allowed, "is not a regular file")
+        elif private_why is None or private(p, key, value, path, mode, private_why):
+            return path, path.read_text(encoding="utf-8")
     except FileNotFoundError:
         p.bad(key, value, allowed, "does not exist")
-        return None
     except (OSError, UnicodeDecodeError) as e:
         p.bad(key, value, allowed, f"cannot be read ({getattr(e, 'strerror', None) or e})")
-        return None
-    return path, text, st
+    return None
 
 
-def _cert_file(p: Problems, key: str, value: Any) -> str | None:
+def cert_file(p: Problems, key: str, value: Any) -> str | None:
+    """A PEM certificate file on this machine (``*_tls_cert_file``, ``site_ca_files``)."""
     allowed = "a readable PEM file on this (control) machine holding '-----BEGIN CERTIFICATE'"
-    if (found := _local_text(p, key, value, allowed)) is None:
+    if (found := local_text(p, key, value, allowed)) is None:
         return None
-    path, text, _ = found
+    path, text = found
     if "-----BEGIN CERTIFICATE-----" not in text:
         p.bad(key, value, allowed, "is not a PEM certificate")
         return None
@@ -94,12 +96,10 @@ def _cert_file(p: Problems, key: str, value: Any) -> str | None:
 
 def _key_file(p: Problems, key: str, value: Any) -> str | None:
     allowed = "a PEM private key on this (control) machine, mode 0600, unencrypted"
-    if (found := _local_text(p, key, value, allowed)) is None:
-        return None
-    path, text, st = found
     # The content is a secret: describe it, never show it.
-    if not private(p, key, value, path, st.st_mode):
+    if (found := local_text(p, key, value, allowed, "")) is None:
         return None
+    path, text = found
     if "ENCRYPTED" in text:
         p.bad(key, value, f"{allowed} (nginx cannot ask for a passphrase at boot; "
               f"decrypt it: openssl pkey -in {path} -out <new file>)", "is an encrypted key")

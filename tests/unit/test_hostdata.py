@@ -633,6 +633,38 @@ def test_front_tls_key_readable_by_others(data: dict[str, Any], pki: dict[str, P
         validate_host("rig-a", data)
 
 
+def test_a_fifo_or_a_missing_file_is_named_not_read(data: dict[str, Any], pki: dict[str, Path],
+                                                   tmp_path: Path) -> None:
+    """A FIFO given as a TLS or CA file blocked `rigfleet check` and the deploy on its read
+    (only the secret and Alertmanager files were checked to be regular files first), and a
+    site_ca_files entry was "not a readable PEM certificate" whatever the reason."""
+    import signal
+
+    fifo = tmp_path / "cert.fifo"
+    os.mkfifo(fifo)
+    data.update(front_tls_cert_file=str(fifo), front_tls_key_file=str(pki["self_key"]),
+                site_ca_files=[str(fifo), str(tmp_path / "none.pem")])
+
+    class Hung(BaseException):  # not an OSError: the readers never catch it
+        pass
+
+    def hung(*_: Any) -> None:
+        raise Hung("blocked reading the FIFO")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, 5)
+    try:
+        with pytest.raises(HostDataError) as err:
+            validate_host("rig-a", data)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    msg = str(err.value)
+    assert f"front_tls_cert_file: {str(fifo)!r} is not a regular file; allowed: a readable" in msg
+    assert f"site_ca_files[0]: {str(fifo)!r} is not a regular file" in msg
+    assert f"site_ca_files[1]: {str(tmp_path / 'none.pem')!r} does not exist" in msg
+
+
 @pytest.mark.parametrize(("value", "expected"), [
     (True, True), (False, False), (1, True), (0, False), ("1", True), ("yes", True),
     ("true", True), ("0", False), ("no", False), ("", False), (None, False)])

@@ -74,7 +74,7 @@ def test_an_alertmanager_file_of_ones_own(tmp_path):
     got = problem(monitor_alertmanager_file=str(own))
     assert "is not one; allowed: Alertmanager's configuration: a YAML mapping with 'route' " \
            "and 'receivers'" in got and "hunter2" not in got
-    assert "cannot be read (No such file or directory)" in problem(
+    assert "does not exist" in problem(
         monitor_alertmanager_file=str(tmp_path / "none.yml"))
 
 
