@@ -159,8 +159,8 @@ def test_no_source_refuses_before_any_host_changes(setup) -> None:
     assert lines[1].startswith(f"@fake/rig: image_sources[0] (hub): vllm/vllm-openai@{DIGEST} is "
                                "not there at https://registry-1.docker.io (HTTP 404")
     assert lines[2] == (f"@fake/rig: image_sources[1] (archive {setup['archive'] / 'gone.tar'} "
-                        f"(this machine)): {setup['archive'] / 'gone.tar'}: no such file or "
-                        "directory")
+                        f"(this machine)): {setup['archive'] / 'gone.tar'} is missing on "
+                        "this machine")
     assert lines[3] == ("@fake/rig: image_sources[2] (host-archive /srv/images): /srv/images is "
                         "missing on the host")
     assert not [c for c in rig.commands if c.startswith(("docker pull", "docker load",
