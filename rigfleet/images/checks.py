@@ -40,7 +40,7 @@ class SourceChecker:
 
     def __init__(self, registry: Callable[[str], Registry] = Registry) -> None:
         self.client: Callable[[str], Registry] = cache(registry)  # one client per URL
-        self._there: dict[tuple[str, str, str], _Found] = {}
+        self._there: dict[tuple[str, str, str, str], _Found] = {}
 
     def results(self, w: WantedImage, settings: HostSettings, state: HostImageState,
                 sources: Sequence[ImageSource] | None = None) -> list[SourceResult]:
@@ -81,28 +81,29 @@ class SourceChecker:
         if url == NO_CHECK:
             return SourceResult(index, source, True, "not checked from here (check: none); "
                                 "the host pulls it", None, ref=ref)
-        key = (url, path, w.digest)
+        # The 404's note follows the tag: a nightly and a release name of one build ask apart.
+        note = f" ({NIGHTLY_NOTE})" if NIGHTLY_TAG.fullmatch(w.image.rpartition(":")[2]) else ""
+        key = (url, path, w.digest, note)
         if key not in self._there:
-            self._there[key] = self._ask(url, path, w)
+            self._there[key] = self._ask(url, path, w.digest, note)
         problem, size, image_id = self._there[key]
         if problem is not None:
             return SourceResult(index, source, False, problem, ref=ref)
         return SourceResult(index, source, True, f"{path}@{w.digest[:19]} is there at {url}",
                             size, ref=ref, image_id=image_id)
 
-    def _ask(self, url: str, path: str, w: WantedImage) -> _Found:
+    def _ask(self, url: str, path: str, digest: str, note: str) -> _Found:
         try:
-            self.client(url).digest(path, w.digest)
+            self.client(url).digest(path, digest)
         except RegistryNotFound:
-            note = f" ({NIGHTLY_NOTE})" if NIGHTLY_TAG.fullmatch(w.image.rpartition(":")[2]) else ""
-            return (f"{path}@{w.digest} is not there at {url} (HTTP 404: digest, tag or "
+            return (f"{path}@{digest} is not there at {url} (HTTP 404: digest, tag or "
                     f"repository gone){note}"), None, None
         except RegistryUnreachable as e:
             return f"unreachable from this machine: {e}", None, None
         except RegistryError as e:
             return str(e), None, None
         try:
-            found = self.client(url).resolve(path, w.digest)
+            found = self.client(url).resolve(path, digest)
         except RegistryError:
             return None, None, None
         return None, found.layer_bytes, found.image_id

@@ -147,3 +147,14 @@ def test_a_fleet_asks_the_registry_once_per_image(tmp_path: Path) -> None:
     for _ in range(5):
         assert c.results(w, settings(ImageSource("hub")), HostImageState())[0].ok
     assert len(FakeHub.calls) == 2  # one HEAD, one GET for the size
+
+
+def test_the_nightly_note_follows_each_images_tag_not_the_first_asked() -> None:
+    # A nightly tag and a release tag of one build: one digest, two pinned names (kept answers
+    # were keyed by digest, so the second name got the first one's note or none).
+    release, nightly = (WantedImage(i, DIGEST, None, ()) for i in (IMAGE, NIGHTLY))
+    for order in ((release, nightly), (nightly, release)):
+        c = checker()
+        reasons = {w.image: c.results(w, settings(ImageSource("hub")), HostImageState())[0].reason
+                   for w in order}
+        assert "nightly-* tags" in reasons[NIGHTLY] and "nightly" not in reasons[IMAGE]
