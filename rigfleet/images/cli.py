@@ -94,9 +94,9 @@ def _hosts(args: argparse.Namespace) -> list[Any]:
 
 
 def _named(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
-    """The inventory's GPU hosts ``--host`` names, by name; a usage error for any other name."""
+    """The GPU hosts ``--host`` names, by name, once each in order; a usage error for others."""
     hosts = {h.name: h for h in _hosts(args)}
-    if unknown := [n for n in names if n not in hosts]:
+    if unknown := [n for n in dict.fromkeys(names) if n not in hosts]:
         raise UsageError(f"--host {', '.join(map(repr, unknown))}: not in {args.inventory}; "
                          f"allowed: {', '.join(hosts)}")
     return {n: hosts[n] for n in names}
@@ -274,7 +274,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     # Without a known digest the image is verified by its id alone (a loaded image has none).
     want = WantedImage(image, digest or chosen.image_id, chosen.image_id, ())
     remote = ssh.SshRemote(connect_timeout=args.timeout)
-    for name in args.host:
+    for name in targets:
         try:
             with progress_bar(f"{name}: docker load {image}", info.size) as meter:
                 result["hosts"][name] = load_archive(remote, targets[name], want, args.file, meter)

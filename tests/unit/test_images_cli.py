@@ -124,6 +124,18 @@ def test_import_into_an_archive_source_and_onto_hosts(fleet, capsys) -> None:
     assert fleet["remote"].commands.count("docker load") == loads
 
 
+def test_a_host_named_twice_is_loaded_and_shown_once(fleet, capsys) -> None:
+    saved = fleet["tmp"] / "from-a-friend.tar"
+    docker_save_tar(saved, [IMAGE], payload=b"friend")
+    assert main(["images", "import", str(saved), "--host", "host2", "--host", "host3", "--host",
+                 "host2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert list(result["hosts"].items()) == [("host2", "loaded"), ("host3", "loaded")]
+    assert fleet["remote"].commands.count("docker load") == 2  # one per host
+    assert main(["images", "import", str(saved), "--host", "x", "--host", "x"]) == 2
+    assert "--host 'x': not in inventory/home.py" in " ".join(capsys.readouterr().err.split())
+
+
 def test_import_needs_a_destination_and_a_name(fleet, capsys) -> None:
     saved = fleet["tmp"] / "untagged.tar"
     docker_save_tar(saved, None)
