@@ -304,7 +304,10 @@ def _resume(args: argparse.Namespace, journal: BumpJournal) -> int:
     if not opts.yes and not confirm():
         log(f"not confirmed; nothing changed ({journal.path} is kept)")
         return EXIT_FAILED
-    journal.take_over()
+    try:
+        journal.take_over()
+    except JournalError as e:  # another resume or --abandon took it over since it was read
+        return refused(escape(str(e)))
     return execute(opts, inputs, SshRemote(connect_timeout=args.timeout), journal.plan(inputs.pins),
                    Candidate(**cand) if cand else None, journal.version, journal=journal)
 
@@ -326,7 +329,10 @@ def _abandon(args: argparse.Namespace, journal: BumpJournal, pins: Pins,
     lost = {h: HostOutcome(h, Status.LOST, None, None, "not in the inventory any more")
             for h in resume.in_flight if h not in by_name}
     stop = Resume({**resume.done, **lost}, in_flight, f"abandoned by {deployed_by()}")
-    journal.take_over()
+    try:
+        journal.take_over()
+    except JournalError as e:  # another resume or --abandon took it over since it was read
+        return refused(escape(str(e)))
     try:
         result = rollout(plan, runner, Path(pins.path), on_event=log, journal=journal, resume=stop)
     except StillRunning as e:

@@ -81,16 +81,28 @@ class BumpJournal:
             candidate=dict(candidate) if candidate is not None else None, version=version,
             history=dict(history or {}),
         )
-        with pins_file.saving(path):  # of two bumps starting at once, one finds the other's
-            if path.exists():
-                raise JournalError(f"{path}: another bump's journal is there (started meanwhile?); "
-                                   "allowed: one bump at a time: run `rigfleet bump` to finish it")
-            journal.take_over()  # and saves it
+        journal.take_over()  # of two bumps starting at once, one finds the other's journal
         return journal
 
     def take_over(self) -> None:
-        self.owner = {"host": socket.gethostname(), "pid": os.getpid()}
-        self.save()
+        """Own the journal as read (none for a new bump; a resume, ``--abandon``): the owner is
+        compared and written under the pins file's lock; of two at once one goes on."""
+        with pins_file.saving(self.path):
+            try:
+                owner = json.loads(self.path.read_text(encoding="utf-8")).get("owner")
+            except FileNotFoundError:
+                owner = {}
+            except (OSError, ValueError, AttributeError):
+                owner = None
+            if owner != self.owner:
+                now = (f"another bump owns this journal now (pid {owner.get('pid')} on "
+                       f"{owner.get('host')})" if isinstance(owner, dict) and owner else
+                       "its journal was removed or rewritten meanwhile")
+                raise JournalError(f"{self.describe()}: {now}; nothing changed; allowed: one "
+                                   "bump at a time: wait for it to end, then run `rigfleet "
+                                   "bump` again")
+            self.owner = {"host": socket.gethostname(), "pid": os.getpid()}
+            self.save()
 
     def deploying_batch(self, batch: int, hosts: Sequence[str],
                         before: Mapping[str, dict[str, Any] | None]) -> None:

@@ -266,6 +266,8 @@ def test_the_journal_is_written_before_any_host_changes_and_after_each_host(tmp_
 def test_of_two_bumps_starting_at_once_the_second_is_refused(tmp_path, monkeypatch):
     # Both saw no journal before either wrote one: both started, the later write dropping the
     # earlier bump's journal while it rolled hosts out.
+    import os
+    import socket
     import threading
     from contextlib import suppress
 
@@ -295,9 +297,91 @@ def test_of_two_bumps_starting_at_once_the_second_is_refused(tmp_path, monkeypat
     for t in threads:
         t.join()
     refused = [str(o) for o in outcomes if isinstance(o, JournalError)]
-    assert refused == [f"{journal_path(plan.pins.path)}: another bump's journal is there "
-                       "(started meanwhile?); allowed: one bump at a time: run `rigfleet bump` "
-                       "to finish it"], outcomes
+    assert len(refused) == 1, outcomes
+    assert refused[0].startswith("the bump 20261129T104000Z-4242 (int8 -> ")
+    assert refused[0].endswith(
+        f"journal {journal_path(plan.pins.path)}): another bump owns this journal now (pid "
+        f"{os.getpid()} on {socket.gethostname()}); nothing changed; allowed: one bump at a "
+        "time: wait for it to end, then run `rigfleet bump` again")
+
+
+# (two take-overs of one journal: each one's control machine, pid, and --abandon or not)
+TWO_RESUMES = {"two control machines": {"r1": ("ctlA", 4243, False), "r2": ("ctlB", 4243, False)},
+               "two terminals": {"r1": ("ctl", 4243, False), "r2": ("ctl", 4244, False)},
+               "a resume and --abandon": {"r1": ("ctl", 4243, False), "r2": ("ctl", 4244, True)}}
+
+
+@pytest.mark.parametrize("where", TWO_RESUMES.values(), ids=TWO_RESUMES.keys())
+def test_of_two_resumes_at_once_the_second_is_refused_naming_the_owner(tmp_path, monkeypatch,
+                                                                       capsys, where):
+    """Both checked the journal's owner (dead) before either took it over: both took it over
+    and rolled the same hosts out, each overwriting the other's outcomes in the journal."""
+    import threading
+    from contextlib import suppress
+    from types import SimpleNamespace
+
+    from rigfleet.bump import journal as journal_module
+
+    plan = make_plan(tmp_path, n=3, batch=2)
+    cli_fleet(tmp_path, monkeypatch, plan, FakeRunner(plan, {}))
+    journal = journal_for(plan)
+    journal.owner = {"host": "ctl", "pid": 4242}  # the bump that wrote it died
+    journal.save()
+    monkeypatch.setattr(execute, "_alive", lambda pid: False)
+    me = lambda: where[threading.current_thread().name]  # noqa: E731
+    monkeypatch.setattr(journal_module, "socket", SimpleNamespace(gethostname=lambda: me()[0]))
+    monkeypatch.setattr(journal_module, "os", SimpleNamespace(getpid=lambda: me()[1]))
+    both_checked = threading.Barrier(2, timeout=5)
+    real_take_over = BumpJournal.take_over
+
+    def take_over_once_both_checked(self: BumpJournal) -> None:
+        with suppress(threading.BrokenBarrierError):
+            both_checked.wait()
+        real_take_over(self)
+
+    monkeypatch.setattr(BumpJournal, "take_over", take_over_once_both_checked)
+    rolled: list[tuple[str, int, bool]] = []  # who went on to roll (or record) the hosts
+
+    def roll(*_: Any, journal: BumpJournal, **__: Any) -> int:
+        rolled.append(me())
+        assert journal.owner == {"host": me()[0], "pid": me()[1]}
+        raise StillRunning("host2: its swap still runs")  # --abandon: changes nothing more
+
+    monkeypatch.setattr(execute, "execute", roll)
+    monkeypatch.setattr(execute, "rollout", roll)
+    rcs: dict[str, int] = {}
+
+    def run(name: str) -> None:
+        with suppress(StillRunning):
+            rcs[name] = execute.run_journal(cli_args(tmp_path, abandon=me()[2]))
+
+    threads = [threading.Thread(target=run, args=(n,), name=n) for n in where]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(rolled) == 1, rolled  # one goes on
+    host, pid, _ = rolled[0]
+    loser = next(n for n, w in where.items() if w != rolled[0])
+    assert rcs[loser] == output.EXIT_FAILED
+    assert json.loads(journal.path.read_text())["owner"] == {"host": host, "pid": pid}
+    text = " ".join(capsys.readouterr().err.split())  # (a console capture is per thread)
+    assert (f"refused: {journal.describe()}: another bump owns this journal now (pid {pid} on "
+            f"{host}); nothing changed; allowed: one bump at a time: wait for it to end, then "
+            "run `rigfleet bump` again") in text, text
+
+
+def test_a_journal_removed_before_its_take_over_is_not_written_again(tmp_path):
+    """A resume confirmed after another one finished the bump wrote the journal back (then
+    rolled the hosts out again from what it had read)."""
+    plan = make_plan(tmp_path)
+    journal_for(plan)
+    _, read = reload(plan)
+    read.path.unlink()  # the other resume ended: the pins file records the bump
+    with pytest.raises(JournalError, match="its journal was removed or rewritten meanwhile; "
+                                           "nothing changed"):
+        read.take_over()
+    assert not read.path.exists()
 
 
 def test_states_open_finished_and_stale(tmp_path):
