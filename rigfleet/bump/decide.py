@@ -12,7 +12,6 @@ import argparse
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from rigfleet.bump.candidate import (
     Candidate,
@@ -44,7 +43,7 @@ from rigfleet.hostdata import HostSettings, validate_host
 from rigfleet.inventory import InventoryHost, gpu_hosts, host_kind, load_inventory
 from rigfleet.pins import Pins, StackPins, load_pins, parse_pins
 from rigfleet.registry import DOCKER_HUB, Registry
-from rigfleet.validate import URL_ALLOWED
+from rigfleet.validate import Problems
 
 
 @dataclass(frozen=True)
@@ -72,11 +71,11 @@ class BumpOptions:
     def __post_init__(self) -> None:
         if self.rollback_to is None and not (self.image or self.latest or self.genesis):
             raise UsageError("give --image TAG, --latest or --genesis COMMIT")
-        for flag, url in (("--registry", self.registry), ("--push-mirror", self.push_mirror)):
-            # Checked now: a --push-mirror without a scheme failed only after the rollout.
-            if url is not None and (urlsplit(url).scheme not in ("http", "https")
-                                    or not urlsplit(url).hostname):
-                raise UsageError(f"{flag}: {url!r} is not allowed; allowed: {URL_ALLOWED}")
+        p = Problems("rigfleet bump")  # now: a --push-mirror without a scheme failed at the end
+        p.url("--registry", self.registry)
+        p.url("--push-mirror", self.push_mirror)
+        if p.lines:
+            raise UsageError("\n".join(p.lines))
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **given: Any) -> BumpOptions:

@@ -23,6 +23,7 @@ from rigfleet.bump.decide import BumpOptions
 from rigfleet.bump.output import print_steps
 from rigfleet.bump.plan import build_plan
 from rigfleet.pins import PinsError, dump_pins, load_pins, parse_pins, save_pins
+from rigfleet.validate import URL_ALLOWED
 
 
 def test_canary_alone_then_batches_in_inventory_order(tmp_path: Path) -> None:
@@ -119,10 +120,21 @@ def test_registry_and_mirror_urls_are_checked_before_anything_runs() -> None:
     """``--push-mirror registry.lan:5000`` (no scheme; the --help example was so) was taken,
     and failed as "unknown url type" only after the rollout, when the image was copied."""
     for flag, key in (("--push-mirror", "push_mirror"), ("--registry", "registry")):
-        with pytest.raises(ValueError, match=rf"{flag}: 'registry.lan:5000' is not allowed; "
-                                             r"allowed: an http:// or https:// URL"):
+        with pytest.raises(ValueError, match=rf"rigfleet bump: {flag}: 'registry.lan:5000' is not "
+                                             r"valid; allowed: an http:// or https:// URL"):
             BumpOptions(inventory="inv.py", deploy="deploy.py", latest=True,
                         **{key: "registry.lan:5000"})
+    # Checked as inventory data bump_registry / bump_mirror are (Problems.url): a password was
+    # taken and then logged ("registry http://u:pw@...: listing the tags"), a port out of range
+    # was taken too; both flags are reported at once.
+    with pytest.raises(ValueError) as e:
+        BumpOptions(inventory="inv.py", deploy="deploy.py", latest=True,
+                    registry="http://u:pw@registry.lan:5000", push_mirror="http://mirror:99999")
+    assert str(e.value).splitlines() == [
+        "rigfleet bump: --registry: 'http://***@registry.lan:5000' carries credentials "
+        "(user:password@); allowed: a URL without credentials (an index or mirror on the LAN "
+        "that needs none)",
+        "rigfleet bump: --push-mirror: 'http://mirror:99999' is not valid; allowed: " + URL_ALLOWED]
     BumpOptions(inventory="inv.py", deploy="deploy.py", latest=True,
                 push_mirror="http://registry.lan:5000", registry="https://registry-1.docker.io")
 
