@@ -137,14 +137,17 @@ def _agree(settings: HostSettings, pins: Pins) -> list[str]:
             + check_image_rules(settings, pins, staged))
 
 
-def reacher(pairs: Iterable[str], env: Iterable[str] = ()) -> Callable[[str], str]:
-    """``url -> url`` with each ``FROM=TO`` prefix rewritten: ``env``'s (``RIGFLEET_REACH``),
-    then ``pairs`` (--reach); a bad one is named where it was given."""
+def reacher(pairs: Iterable[str], env: str = "") -> Callable[[str], str]:
+    """``url -> url`` with each ``FROM=TO`` prefix rewritten: ``env``'s (``RIGFLEET_REACH``,
+    space-separated), then ``pairs`` (--reach); a bad one is named where it was given."""
     table: list[tuple[str, str]] = []
-    for where, pair in [*(("RIGFLEET_REACH", p) for p in env), *(("--reach", p) for p in pairs)]:
+    for where, value, pair in [*(("RIGFLEET_REACH", env, p) for p in env.split()),
+                               *(("--reach", p, p) for p in pairs)]:
         src, sep, dst = pair.partition("=")
         if not sep or not src or not dst:
-            raise ValueError(f"{where}: {pair!r}; allowed: FROM=TO, e.g. "
+            raise ValueError(f"{where}: {value!r}{f': {pair!r}' if pair != value else ''} is not "
+                             "FROM=TO; allowed: FROM=TO URL prefixes (RIGFLEET_REACH: several, "
+                             "space-separated), e.g. "
                              "http://hub.rigfleet.test:8080=http://127.0.0.1:18080")
         table.append((src.rstrip("/"), dst.rstrip("/")))
 
@@ -341,7 +344,7 @@ def problems_of(findings: Iterable[Finding]) -> list[Finding]:
 def online_pass(images: bool = False, reach: Sequence[str] = (), timeout: float = 10.0) -> Online:
     """An online pass (check, the deploy's preflight, pins lock, bump): ``RIGFLEET_REACH``'s
     pairs, then ``reach`` (--reach)."""
-    return Online(reach=reacher(reach, os.environ.get("RIGFLEET_REACH", "").split()),
+    return Online(reach=reacher(reach, os.environ.get("RIGFLEET_REACH", "")),
                   timeout=timeout, images=images)
 
 

@@ -387,8 +387,12 @@ def _check_host(name: str) -> HostContext:
     disagrees = os_disagrees(name, host.data.get("os"), os_key)
     refusals = [disagrees] if disagrees else []
     if not disagrees and SOURCES is not None:
-        run = _ONLINE.setdefault(host.state, SOURCES())
-        refusals, warnings = deploy_verdict(want.settings, want.pins, os_key, run)
+        if host.state not in _ONLINE:  # once a run; a bad RIGFLEET_REACH is the run's, not a host's
+            try:
+                _ONLINE[host.state] = SOURCES()
+            except ValueError as e:
+                raise PyinfraError(f"rigfleet refused the run:\n{e}") from None
+        refusals, warnings = deploy_verdict(want.settings, want.pins, os_key, _ONLINE[host.state])
         for line in warnings:
             host.log_styled(line, fg="yellow", log_func=logger.warning)
     try:

@@ -337,10 +337,11 @@ def test_reach_rewrites_url_prefixes_only() -> None:
 def test_a_bad_reach_pair_is_named_where_it_was_given(monkeypatch) -> None:
     # a RIGFLEET_REACH pair was refused as "--reach: ...", a flag the deploy does not have
     monkeypatch.setenv("RIGFLEET_REACH", "http://hub.test")
-    with pytest.raises(ValueError, match=r"^RIGFLEET_REACH: 'http://hub.test'; allowed: FROM=TO"):
+    with pytest.raises(ValueError, match=r"^RIGFLEET_REACH: 'http://hub.test' is not FROM=TO; "
+                                         r"allowed: FROM=TO URL prefixes"):
         online_pass()
     monkeypatch.setenv("RIGFLEET_REACH", "http://hub.test=http://127.0.0.1:1")
-    with pytest.raises(ValueError, match=r"^--reach: 'x'; allowed: FROM=TO"):
+    with pytest.raises(ValueError, match=r"^--reach: 'x' is not FROM=TO; allowed: FROM=TO"):
         online_pass(reach=["x"])
 
 

@@ -40,6 +40,7 @@ import roles.follow
 import roles.nvidia_driver
 import roles.preflight
 import roles.swap
+from rigfleet.check import Online, online_pass
 from rigfleet.images.checks import SourceChecker
 from rigfleet.packages import OsInfo
 from rigfleet.retention import stale
@@ -1099,6 +1100,30 @@ def test_stop_on_preflight_stops_every_host_before_any_change(data, monkeypatch,
                                            r"bob@laptop.*rigfleet_stop_on_preflight"):
         deploy_many({"@fake/locked": (locked, flagged), "@fake/bare": (bare, flagged)})
     assert not bare.packages and bare.reboots == 0
+
+
+def test_the_online_pass_is_made_once_a_run_and_a_bad_reach_stops_the_run(data, monkeypatch):
+    """Every GPU host called SOURCES() (keeping only the first Online): a bad RIGFLEET_REACH
+    was parsed again per host and escaped the deploy as a ValueError (pyinfra: "An exception
+    occurred in: deploy.py" and a traceback); now one Online a run, one message naming it."""
+    made: list[Online] = []
+
+    class Quiet(Online):
+        def host(self, *_: object) -> None:  # no source asked
+            return None
+
+    monkeypatch.setattr(roles.preflight, "SOURCES", lambda: made.append(Quiet()) or made[-1])
+    runs = deploy_many({"@fake/a": (FakeRig("debian13"), data),
+                        "@fake/b": (FakeRig("debian13"), data)}, execute=False)
+    assert len(made) == 1 and not any(r.refused for r in runs.values())
+    monkeypatch.setattr(roles.preflight, "SOURCES", online_pass)
+    monkeypatch.setenv("RIGFLEET_REACH", "http://hub.test=http://127.0.0.1:1 hub.test")
+    with pytest.raises(PyinfraError, match=r"^rigfleet refused the run:\nRIGFLEET_REACH: "
+                       r"'http://hub.test=http://127.0.0.1:1 hub.test': 'hub.test' is not "
+                       r"FROM=TO; allowed: FROM=TO URL prefixes \(RIGFLEET_REACH: several, "
+                       r"space-separated\), e.g. http://"):
+        deploy_many({"@fake/a": (FakeRig("debian13"), data),
+                     "@fake/b": (FakeRig("debian13"), data)}, execute=False)
 
 
 def test_a_bare_host_says_which_checks_wait_for_the_driver(data, caplog):
