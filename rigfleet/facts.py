@@ -295,7 +295,7 @@ class PlatformState:
 
     @property
     def foreign_driver(self) -> bool:
-        """A driver no distribution package installed (NVIDIA's .run installer)."""
+        """A driver no distribution package installed (NVIDIA's .run installer, or unknown)."""
         return self.run_uninstaller or bool(self.smi and not self.smi_owner)
 
 

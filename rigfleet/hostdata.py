@@ -181,8 +181,8 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "`rigfleet check --online` asks the apt repositories for (unset: every supported OS); "
         "the deploy refuses a host whose os-release says otherwise", on="any",
         shown_default="every supported OS"),
-    Key("adopt_foreign_driver", _C.flag, False, _FLAG, "keep a driver NVIDIA's .run "
-        "installer put on the host (loaded, on the pinned branch)", group="Switches"),
+    Key("adopt_foreign_driver", _C.flag, False, _FLAG, "keep a driver no package installed "
+        "(NVIDIA's .run installer; loaded, on the pinned branch)", group="Switches"),
     Key("rigfleet_stop_on_preflight", _C.flag, False, _FLAG, "a host refused by its "
         "preflight stops the whole run (also RIGFLEET_STOP_ON_PREFLIGHT=1)", on="any",
         group="Switches"),

@@ -167,25 +167,29 @@ def loaded_as_pinned(loaded: str | None, branch: str, version: str | None) -> bo
 
 def check_driver_origin(name: str, settings: HostSettings, branch: str, version: str | None,
                         platform: PlatformState, gpu: GpuState) -> tuple[list[str], bool]:
-    """(problems, adopt) for a .run-installed driver: refused, or kept when adopted and pinned."""
+    """(problems, adopt) for a driver no package installed: refused, or kept when adopted and
+    pinned."""
     if not platform.foreign_driver:
         return [], False
-    evidence = (f"{nvidia_commands.RUN_UNINSTALLER} exists" if platform.run_uninstaller
+    run = platform.run_uninstaller  # else no package owns nvidia-smi: no telling what put it
+    evidence = (f"{nvidia_commands.RUN_UNINSTALLER} exists" if run
                 else f"no dpkg package owns {platform.smi}")
+    remove = f"sudo {nvidia_commands.RUN_UNINSTALLER}" if run else "the way it was installed"
     loaded = gpu.driver_version if gpu.loaded else None
     if settings.adopt_foreign_driver and loaded_as_pinned(loaded, branch, version):
         return [], True
     what = f"driver {loaded}" if loaded else "a driver (not loaded now)"
     pinned = version or f"branch {branch}"
     if settings.adopt_foreign_driver:
-        return [f"{name}: adopt_foreign_driver: True, but the .run-installed {what} is not "
-                f"the pinned {pinned}; allowed: adopt only a loaded driver on the pinned "
-                f"branch, or remove it: sudo {nvidia_commands.RUN_UNINSTALLER}, reboot, "
-                "then deploy"], False
-    return [f"{name}: driver: NVIDIA's .run installer put {what} on this host ({evidence}); "
-            "rigfleet installs the driver from packages and would fight it. Allowed: remove "
-            f"it (sudo {nvidia_commands.RUN_UNINSTALLER}, then reboot) and deploy again; or, "
-            f"when it is loaded and on the pinned {pinned}, keep it: set "
+        kind = ".run-installed" if run else "unpackaged"
+        return [f"{name}: adopt_foreign_driver: True, but the {kind} {what} is not the pinned "
+                f"{pinned}; allowed: adopt only a loaded driver on the pinned branch, or remove "
+                f"it ({remove}), reboot, then deploy"], False
+    origin = f"NVIDIA's .run installer put {what} on this host" if run else \
+        f"{what} on this host came from no package"
+    return [f"{name}: driver: {origin} ({evidence}); rigfleet installs the driver from packages "
+            f"and would fight it. Allowed: remove it ({remove}, then reboot) and deploy again; "
+            f"or, when it is loaded and on the pinned {pinned}, keep it: set "
             "adopt_foreign_driver: True in the host's data"], False
 
 

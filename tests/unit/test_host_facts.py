@@ -101,10 +101,15 @@ def test_a_run_installed_driver_is_refused_unless_adopted_on_the_pinned_branch(s
                   adopt_foreign_driver=True)
     assert "adopt_foreign_driver: True, but the .run-installed driver 550.163.01 is not the " \
            "pinned branch 580" in other.problems[0]
-    # nvidia-smi that no package owns says the same, uninstaller or not.
-    unowned = PlatformState(pid1="systemd", systemd=True, smi="/usr/bin/nvidia-smi")
-    assert "no dpkg package owns /usr/bin/nvidia-smi" in \
-        facts(settings, platform=unowned, gpu=loaded(Card(0), Card(1))).problems[0]
+    # nvidia-smi that no package owns, and no .run uninstaller (seen on a real GPU host with
+    # its driver at /usr/local/nvidia): refused without blaming the .run installer or offering
+    # its uninstaller.
+    unowned = PlatformState(pid1="systemd", systemd=True, smi="/usr/local/nvidia/bin/nvidia-smi")
+    [problem] = facts(settings, platform=unowned, gpu=loaded(Card(0), Card(1))).problems
+    assert "driver 580.105.08 on this host came from no package (no dpkg package owns " \
+           "/usr/local/nvidia/bin/nvidia-smi)" in problem
+    assert ".run" not in problem and "nvidia-uninstall" not in problem
+    assert "remove it (the way it was installed, then reboot)" in problem
 
 
 SB_ON = PlatformState(pid1="systemd", systemd=True, secure_boot="enabled",
